@@ -1,0 +1,47 @@
+"""Ferryman contracts: configuration, naming, envelope codec, state, errors.
+
+The services (``ferryman_wrapper``, ``ferryman_deduper``) and the admin client
+import these; nothing here depends on either service.
+"""
+
+from ferryman.config import (
+    ClusterConfig,
+    DeduperConfig,
+    FerrymanConfig,
+    FlowConfig,
+    NamingConfig,
+    WrapperConfig,
+    load_config,
+)
+from ferryman.errors import (
+    ConfigError,
+    CorruptEnvelopeError,
+    EnvelopeError,
+    FencedError,
+    FerrymanError,
+    KafkaOperationError,
+    SourceDataLostError,
+    TopicShapeError,
+)
+from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "CorruptEnvelopeError",
+    "DeduperConfig",
+    "EnvelopeError",
+    "FencedError",
+    "FerrymanConfig",
+    "FerrymanError",
+    "FlowConfig",
+    "FlowNames",
+    "KafkaOperationError",
+    "NamingConfig",
+    "NamingPolicy",
+    "SourceDataLostError",
+    "TopicFilter",
+    "TopicShapeError",
+    "WrapperConfig",
+    "load_config",
+]

@@ -1,0 +1,316 @@
+"""Ferryman configuration: typed, frozen models, parsed once at the edge.
+
+A configuration names clusters by alias and lists replication flows between
+them (the vocabulary of MirrorMaker 2 and managed-Kafka replication flows).
+It comes from one YAML file (``--config``), environment overrides of the form
+``FERRYMAN_<SECTION>__<FIELD>[__<FIELD>...]`` (for example
+``FERRYMAN_DEDUPER__INSTANCE_ID=d1``) and, for drop-in compatibility with
+kafka-reo, the ``KAFKA_CLUSTERS_*`` variables, which on their own describe a
+complete one-topic flow. Nothing below the services' ``cli`` modules reads the
+environment or files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ferryman.errors import ConfigError
+
+#: Topics never replicated unless a flow names them explicitly: Kafka's own
+#: internal topics, internal topics of Connect/MM2/Ferryman, and replicas.
+DEFAULT_TOPICS_EXCLUDE: tuple[str, ...] = (r"__.*", r".*[-.]internal", r".*\.replica")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_SECRET_WORDS = ("password", "secret", "token", "key.pem", "private")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterConfig(_Model):
+    """How to reach one Kafka cluster."""
+
+    bootstrap_servers: str
+    """Comma-separated host:port list (librdkafka ``bootstrap.servers``)."""
+    client_config: dict[str, str] = Field(default_factory=dict)
+    """Extra librdkafka properties for every client on this cluster
+    (security.protocol, sasl.*, ssl.*); secret values are masked when printed."""
+
+    def __repr_args__(self) -> Any:
+        masked = {
+            k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in self.client_config.items()
+        }
+        return [("bootstrap_servers", self.bootstrap_servers), ("client_config", masked)]
+
+
+class NamingConfig(_Model):
+    """Replication (naming) policy: how a source topic name becomes a destination name."""
+
+    policy: Literal["prefix", "identity"] = "prefix"
+    """``prefix``: ``<source-alias><separator><topic>`` (MirrorMaker 2's default);
+    ``identity``: the source name unchanged."""
+    separator: str = "."
+    """Separator between the source alias and the topic name (prefix policy)."""
+    rename: dict[str, str] = Field(default_factory=dict)
+    """Explicit source-topic to destination-topic names; they win over the policy."""
+
+
+class FlowConfig(_Model):
+    """One replication flow: topics of a source cluster copied to a target cluster."""
+
+    name: str
+    """Flow name; part of internal topic, group and transactional ids."""
+    source: str
+    """Alias of the source cluster (a key of ``clusters``)."""
+    target: str
+    """Alias of the target (destination) cluster."""
+    topics: list[str] = Field(default_factory=lambda: [".*"])
+    """Regexes (full match) of source topics to replicate."""
+    topics_exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_TOPICS_EXCLUDE))
+    """Regexes (full match) of source topics never to replicate."""
+    naming: NamingConfig = Field(default_factory=NamingConfig)
+    """How destination topics are named."""
+    exactly_once: bool = True
+    """Deduplicate and write destination records in Kafka transactions. When false
+    the deduper still drops replays it can see but commits without transactions."""
+    staging_topic: str | None = None
+    """Staging topic on the target; default ``ferryman.<flow>.staging.internal``."""
+    staging_partitions: int = Field(default=12, ge=1, le=10_000)
+    """Partitions of the staging topic; fixed for the life of the flow (the
+    source-partition to staging-partition map depends on it)."""
+    start_position: Literal["earliest", "latest"] = "earliest"
+    """Where the wrapper starts on a source partition it has never replicated."""
+    replicate_topic_configs: bool = True
+    """Create destination topics with the source topics' configs (minus the
+    broker-specific ones MirrorMaker 2 also excludes)."""
+    emit_offset_mappings: bool = True
+    """Write the exact source-offset to destination-offset mapping of every
+    committed record to ``ferryman.<flow>.offset-map.internal``."""
+    on_topic_recreated: Literal["reset", "halt"] = "reset"
+    """When a source topic is deleted and re-created (new topic id): ``reset``
+    starts its partitions' watermarks again at -1 (loudly); ``halt`` stops
+    writing them until an operator intervenes."""
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("flow name may only contain letters, digits, '.', '_' and '-'")
+        return v
+
+    @field_validator("topics", "topics_exclude")
+    @classmethod
+    def _valid_regexes(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid topic regex {pattern!r}: {exc}") from exc
+        return v
+
+
+class WrapperConfig(_Model):
+    """Tuning of the wrapper service (source side)."""
+
+    group_id: str | None = None
+    """Source consumer group; default ``ferryman-wrapper.<flow>``."""
+    consume_batch_size: int = Field(default=2000, ge=1)
+    """Records fetched per consume() call (one Python/C crossing per batch)."""
+    poll_timeout_ms: int = Field(default=100, ge=1)
+    """Longest wait for records in one consume() call; bounds shutdown and commit latency."""
+    envelope_max_records: int = Field(default=1000, ge=1)
+    """Most records packed into one envelope."""
+    envelope_max_bytes: int = Field(default=512 * 1024, ge=1024)
+    """Target payload size of one envelope (a single larger record still gets its own)."""
+    commit_interval_ms: int = Field(default=1000, ge=10)
+    """How often acknowledged source offsets are committed to the source cluster."""
+    topic_refresh_interval_s: float = Field(default=10.0, gt=0)
+    """How often the source topic list is re-read to pick up new topics."""
+    linger_ms: int = Field(default=10, ge=0)
+    """Producer linger (librdkafka ``linger.ms``) for staging writes."""
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    """Compression of staging batches."""
+    staging_max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
+    """``max.message.bytes`` of the staging topic and the producer's
+    ``message.max.bytes``; must exceed the largest source record plus envelope overhead."""
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    """Budget for flushing staging writes and committing on SIGTERM."""
+
+
+class DeduperConfig(_Model):
+    """Tuning of the deduper service (destination side)."""
+
+    instance_id: str = Field(default_factory=socket.gethostname)
+    """Stable identity of this deduper process; its transactional.id is
+    ``ferryman-deduper.<flow>.<instance_id>``. Two live processes must never share it."""
+    group_id: str | None = None
+    """Staging consumer group; default ``ferryman-deduper.<flow>``."""
+    consume_batch_size: int = Field(default=500, ge=1)
+    """Staging records (envelopes) fetched per consume() call."""
+    poll_timeout_ms: int = Field(default=100, ge=1)
+    """Longest wait for envelopes in one consume() call."""
+    transaction_interval_ms: int = Field(default=500, ge=10)
+    """Commit the open transaction once it is this old. Kafka transactions have a
+    fixed cost each, so they are committed on a time/size budget, never per record."""
+    transaction_max_records: int = Field(default=200_000, ge=1)
+    """Commit the open transaction once it holds this many destination records."""
+    transaction_timeout_ms: int = Field(default=60_000, ge=1000)
+    """librdkafka ``transaction.timeout.ms``: the coordinator aborts a transaction
+    older than this. Must exceed interval + worst-case commit time; read_committed
+    readers of the destination wait at most this long behind a stuck transaction."""
+    operation_timeout_s: float = Field(default=30.0, gt=0)
+    """Budget for one flush/commit/abort/init call including retries."""
+    linger_ms: int = Field(default=5, ge=0)
+    """Producer linger for destination writes."""
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    """Compression of destination batches."""
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
+    """Producer ``message.max.bytes``; the destination topic's own limit still applies."""
+
+    @field_validator("instance_id")
+    @classmethod
+    def _valid_instance(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("instance_id may only contain letters, digits, '.', '_' and '-'")
+        return v
+
+
+class FerrymanConfig(_Model):
+    """Everything a Ferryman service needs to run."""
+
+    clusters: dict[str, ClusterConfig]
+    """Clusters by alias."""
+    flows: list[FlowConfig]
+    """Replication flows."""
+    wrapper: WrapperConfig = Field(default_factory=WrapperConfig)
+    """Wrapper tuning."""
+    deduper: DeduperConfig = Field(default_factory=DeduperConfig)
+    """Deduper tuning."""
+
+    @model_validator(mode="after")
+    def _check_aliases(self) -> FerrymanConfig:
+        names = [f.name for f in self.flows]
+        if len(names) != len(set(names)):
+            raise ValueError(f"flow names must be unique, got {names}")
+        for flow in self.flows:
+            for role, alias in (("source", flow.source), ("target", flow.target)):
+                if alias not in self.clusters:
+                    raise ValueError(
+                        f"flow {flow.name!r}: {role} cluster {alias!r} is not defined in clusters "
+                        f"(defined: {sorted(self.clusters)})"
+                    )
+            if flow.source == flow.target and flow.naming.policy == "identity" and not flow.naming.rename:
+                raise ValueError(f"flow {flow.name!r}: identity naming onto the same cluster would loop")
+        return self
+
+    def flow(self, name: str | None) -> FlowConfig:
+        """Return the named flow, or the only flow when name is None."""
+        if name is None:
+            if len(self.flows) != 1:
+                raise ConfigError(
+                    f"the configuration has {len(self.flows)} flows; choose one with --flow "
+                    f"({', '.join(f.name for f in self.flows) or 'none defined'})"
+                )
+            return self.flows[0]
+        for f in self.flows:
+            if f.name == name:
+                return f
+        raise ConfigError(f"no flow named {name!r} (flows: {', '.join(f.name for f in self.flows)})")
+
+
+#: kafka-reo's environment variables that make a complete one-topic flow.
+SEED_ENV = (
+    "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS",
+    "KAFKA_CLUSTERS_SOURCE_TOPIC",
+    "KAFKA_CLUSTERS_DESTINATION_BOOTSTRAP_SERVERS",
+    "KAFKA_CLUSTERS_DESTINATION_TOPIC",
+)
+
+
+def _seed_config(env: Mapping[str, str]) -> dict[str, Any] | None:
+    present = [k for k in SEED_ENV if env.get(k)]
+    if not present:
+        return None
+    missing = [k for k in SEED_ENV if not env.get(k)]
+    if missing:
+        raise ConfigError(f"kafka-reo style configuration is incomplete: missing {', '.join(missing)}")
+    src_topic = env["KAFKA_CLUSTERS_SOURCE_TOPIC"]
+    dst_topic = env["KAFKA_CLUSTERS_DESTINATION_TOPIC"]
+    flow: dict[str, Any] = {
+        "name": env.get("APPLICATION_NAME") or "exactly-once-replicator",
+        "source": "source",
+        "target": "destination",
+        "topics": [re.escape(src_topic)],
+        "topics_exclude": [],
+        "naming": {"policy": "identity", "rename": {src_topic: dst_topic}},
+    }
+    if env.get("KAFKA_CLUSTERS_DESTINATION_TOPIC_PROXY"):
+        flow["staging_topic"] = env["KAFKA_CLUSTERS_DESTINATION_TOPIC_PROXY"]
+    return {
+        "clusters": {
+            "source": {"bootstrap_servers": env["KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS"]},
+            "destination": {"bootstrap_servers": env["KAFKA_CLUSTERS_DESTINATION_BOOTSTRAP_SERVERS"]},
+        },
+        "flows": [flow],
+    }
+
+
+def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, value in sorted(env.items()):
+        if not name.startswith("FERRYMAN_") or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len("FERRYMAN_") :].split("__")]
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
+            node = child
+        node[path[-1]] = value
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> FerrymanConfig:
+    """Build the configuration from a YAML file and/or the environment.
+
+    Args:
+        path: YAML file, or None to configure from the environment alone.
+        env: environment to read (defaults to ``os.environ``).
+
+    Raises:
+        ConfigError: with a message naming the offending field.
+    """
+    env = os.environ if env is None else env
+    data: dict[str, Any]
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data = loaded
+    else:
+        seed = _seed_config(env)
+        if seed is None:
+            raise ConfigError(
+                "no configuration: pass --config FILE (or set FERRYMAN_CONFIG), or set " + ", ".join(SEED_ENV)
+            )
+        data = seed
+    _apply_env_overrides(data, env)
+    try:
+        return FerrymanConfig.model_validate(data)
+    except ValidationError as exc:
+        where = f"config file {path}" if path else "environment configuration"
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"invalid {where}:\n" + "\n".join(lines)) from exc

@@ -1,0 +1,125 @@
+"""Classification of librdkafka errors, in one place.
+
+librdkafka already classifies every error (INTRODUCTION.md, "Transactional
+Producer - Error handling"); this module turns those flags into one enum and
+owns the retry-within-a-deadline policy, so the services handle Kafka errors by
+class and never by scattered error-code checks.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from ferryman.errors import KafkaOperationError
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Error codes that mean another producer with our transactional.id (or a newer
+#: epoch of it) exists. These are fatal for this producer instance.
+_FENCING_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+#: Consumer-group errors that mean our group generation is stale: a rebalance
+#: moved partitions away while we worked, so the transaction must be aborted.
+_STALE_GENERATION_CODES = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+    }
+)
+
+
+class ErrorClass(enum.Enum):
+    """What a caller must do about a Kafka error."""
+
+    RETRIABLE = "retriable"
+    """Retry the same call, within the caller's deadline."""
+    ABORTABLE = "abortable"
+    """Abort the open transaction, rewind to the committed offsets, go on."""
+    FENCED = "fenced"
+    """Another instance owns our identity: stop writing for good."""
+    FATAL = "fatal"
+    """The client instance is unusable: rebuild it and rewind."""
+
+
+def kafka_error_of(exc: BaseException) -> KafkaError | None:
+    """Return the KafkaError carried by exc, if any."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def classify(error: KafkaError | BaseException) -> ErrorClass:
+    """Classify a librdkafka error (or an exception carrying one).
+
+    Exceptions that carry no KafkaError are FATAL: we do not know what state the
+    client is in.
+    """
+    err = error if isinstance(error, KafkaError) else kafka_error_of(error)
+    if err is None:
+        return ErrorClass.FATAL
+    if err.code() in _FENCING_CODES:
+        return ErrorClass.FENCED
+    if err.fatal():
+        return ErrorClass.FATAL
+    if err.txn_requires_abort() or err.code() in _STALE_GENERATION_CODES:
+        return ErrorClass.ABORTABLE
+    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
+        return ErrorClass.RETRIABLE
+    return ErrorClass.FATAL
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    return classify(exc) is ErrorClass.RETRIABLE
+
+
+def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
+    """Run op, retrying only retriable Kafka errors until budget_s has elapsed.
+
+    Non-retriable errors propagate unchanged on the first occurrence so that the
+    caller can act on their class. When the budget runs out the last retriable
+    error is wrapped in KafkaOperationError.
+
+    Args:
+        op: the call to make; it must be safe to repeat (librdkafka's
+            transactional calls are, when they fail with a retriable error).
+        what: short description for logs and the error message.
+        budget_s: total time allowed, including waits between attempts.
+    """
+    retrying = Retrying(
+        retry=retry_if_exception(_is_retriable),
+        stop=stop_after_delay(budget_s),
+        # 50 ms first: CONCURRENT_TRANSACTIONS clears within tens of ms
+        # (KAFKA-5477); capped at 1 s so a long outage is polled, not slept.
+        wait=wait_exponential(multiplier=0.05, max=1.0),
+        before_sleep=before_sleep_log(_log, logging.WARNING),
+        reraise=True,
+    )
+    try:
+        return retrying(op)
+    except KafkaException as exc:
+        if _is_retriable(exc):
+            raise KafkaOperationError(f"{what} did not succeed within {budget_s:.0f}s", exc) from exc
+        raise

@@ -1,0 +1,87 @@
+"""Names: destination topics (the replication policy), internal topics, ids.
+
+Every name Ferryman derives lives here, so the wrapper, the deduper, the admin
+API and the tests agree on them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ferryman.config import FlowConfig, NamingConfig
+
+
+@dataclass(frozen=True)
+class NamingPolicy:
+    """Maps a source topic name to its destination topic name.
+
+    Explicit renames win; otherwise ``prefix`` gives ``<alias><sep><topic>``
+    (MirrorMaker 2's DefaultReplicationPolicy) and ``identity`` keeps the name.
+    """
+
+    source_alias: str
+    config: NamingConfig
+
+    def destination_topic(self, source_topic: str) -> str:
+        """Return the destination topic for source_topic."""
+        if source_topic in self.config.rename:
+            return self.config.rename[source_topic]
+        if self.config.policy == "identity":
+            return source_topic
+        return f"{self.source_alias}{self.config.separator}{source_topic}"
+
+
+@dataclass(frozen=True)
+class TopicFilter:
+    """Selects source topics by full-match include and exclude regexes."""
+
+    include: tuple[re.Pattern[str], ...]
+    exclude: tuple[re.Pattern[str], ...]
+
+    @classmethod
+    def of(cls, flow: FlowConfig) -> TopicFilter:
+        """Build the filter of a flow."""
+        return cls(
+            include=tuple(re.compile(p) for p in flow.topics),
+            exclude=tuple(re.compile(p) for p in flow.topics_exclude),
+        )
+
+    def matches(self, topic: str) -> bool:
+        """True when topic is included and not excluded."""
+        return any(p.fullmatch(topic) for p in self.include) and not any(p.fullmatch(topic) for p in self.exclude)
+
+
+@dataclass(frozen=True)
+class FlowNames:
+    """Internal topic names and client ids of one flow.
+
+    Internal topics end in ``.internal`` so the default exclude list keeps a
+    flow from replicating another flow's internals.
+    """
+
+    flow: str
+    staging_topic: str
+    state_topic: str
+    specs_topic: str
+    offset_map_topic: str
+    wrapper_group: str
+    deduper_group: str
+
+    @classmethod
+    def of(cls, flow: FlowConfig, *, wrapper_group: str | None = None, deduper_group: str | None = None) -> FlowNames:
+        """Derive the names of a flow (group ids may be overridden by config)."""
+        base = f"ferryman.{flow.name}"
+        return cls(
+            flow=flow.name,
+            staging_topic=flow.staging_topic or f"{base}.staging.internal",
+            state_topic=f"{base}.state.internal",
+            specs_topic=f"{base}.topics.internal",
+            offset_map_topic=f"{base}.offset-map.internal",
+            wrapper_group=wrapper_group or f"ferryman-wrapper.{flow.name}",
+            deduper_group=deduper_group or f"ferryman-deduper.{flow.name}",
+        )
+
+    def transactional_id(self, instance_id: str) -> str:
+        """transactional.id of the deduper instance instance_id."""
+        return f"ferryman-deduper.{self.flow}.{instance_id}"

@@ -1,0 +1,125 @@
+"""Process entry-point plumbing shared by the two services.
+
+Parses the common flags, loads the configuration at the edge, sets up logging,
+turns SIGTERM/SIGINT into a graceful shutdown and maps errors to exit codes:
+
+* 0: stopped on request after draining;
+* 2: configuration error;
+* 3: fenced by another instance with the same identity;
+* 4: source data lost (refused to skip);
+* 1: any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from confluent_kafka import KafkaException
+
+from ferryman.config import FerrymanConfig, FlowConfig, load_config
+from ferryman.errors import ConfigError, FencedError, FerrymanError, SourceDataLostError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+EXIT_FENCED = 3
+EXIT_DATA_LOST = 4
+
+_log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """What the entry point needs from a service."""
+
+    def run(self) -> None:
+        """Block until shut down."""
+
+    def shutdown(self) -> None:
+        """Begin a graceful stop (signal-safe)."""
+
+
+def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """Argument parser with the flags every service takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path(os.environ["FERRYMAN_CONFIG"]) if os.environ.get("FERRYMAN_CONFIG") else None,
+        help="YAML configuration file (env FERRYMAN_CONFIG); without it the KAFKA_CLUSTERS_* "
+        "variables describe a one-topic flow",
+    )
+    parser.add_argument("--flow", default=os.environ.get("FERRYMAN_FLOW"), help="flow to run (env FERRYMAN_FLOW)")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("FERRYMAN_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level (env FERRYMAN_LOG_LEVEL)",
+    )
+    return parser
+
+
+def run_service(
+    name: str,
+    args: argparse.Namespace,
+    factory: Callable[[FerrymanConfig, FlowConfig, argparse.Namespace], Service],
+) -> int:
+    """Load config, build the service, run it with signal handling; return the exit code."""
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config)
+        flow = config.flow(args.flow)
+        service = factory(config, flow, args)
+    except ConfigError as exc:
+        print(f"{name}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        _log.info("received %s: draining", signal.Signals(signum).name)
+        service.shutdown()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        service.run()
+    except FencedError as exc:
+        _log.error("fenced: %s", exc)
+        return EXIT_FENCED
+    except SourceDataLostError as exc:
+        _log.error("source data lost: %s", exc)
+        return EXIT_DATA_LOST
+    except ConfigError as exc:
+        _log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+    except FerrymanError as exc:
+        _log.error("%s failed: %s", name, exc)
+        return EXIT_FAILURE
+    except KafkaException as exc:
+        _log.error("%s failed on an unrecoverable Kafka error: %s", name, exc)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def main_for(
+    prog: str,
+    description: str,
+    factory: Callable[[FerrymanConfig, FlowConfig, argparse.Namespace], Service],
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Full console-script main: parse argv and run the service."""
+    parser = common_parser(prog, description)
+    if add_args is not None:
+        add_args(parser)
+    return run_service(prog, parser.parse_args(argv), factory)

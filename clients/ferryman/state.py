@@ -1,0 +1,123 @@
+"""Durable per-source-partition state: watermarks and topic specs.
+
+The deduper writes a flow's watermarks to its compacted state topic inside the
+same transaction as the destination records; the state topic has as many
+partitions as the staging topic, and the state of a source partition lives on
+the state partition numbered like its staging partition, so a deduper that owns
+staging partition ``s`` restores exactly state partition ``s``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from ferryman.errors import KafkaOperationError
+from ferryman.v1 import state_pb2
+
+#: Configs of the compacted internal topics (state, topic specs, offset map).
+COMPACTED_TOPIC_CONFIGS = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
+
+
+@dataclass(frozen=True, order=True)
+class PartitionKey:
+    """A source partition, as used for in-memory maps and state keys."""
+
+    topic: str
+    partition: int
+
+    def encode(self, cluster_id: str) -> bytes:
+        """State-topic key bytes."""
+        return state_pb2.WatermarkKey(
+            cluster_id=cluster_id, topic=self.topic, partition=self.partition
+        ).SerializeToString()
+
+    @staticmethod
+    def decode(data: bytes) -> tuple[str, PartitionKey]:
+        """Parse state-topic key bytes into (cluster_id, key)."""
+        k = state_pb2.WatermarkKey()
+        k.ParseFromString(data)
+        return k.cluster_id, PartitionKey(k.topic, k.partition)
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+def read_compacted(
+    consumer_config: dict[str, Any],
+    topic: str,
+    partitions: Iterable[int],
+    timeout_s: float,
+) -> dict[int, dict[bytes, bytes | None]]:
+    """Read partitions of a compacted topic from the beginning to their end.
+
+    Reads with ``read_committed`` up to the last stable offset, so records of
+    open or aborted transactions are never seen. Later values replace earlier
+    ones per key; a null value (tombstone) is kept as None.
+
+    Raises:
+        KafkaOperationError: the end was not reached within timeout_s.
+    """
+    parts = sorted(set(partitions))
+    out: dict[int, dict[bytes, bytes | None]] = {p: {} for p in parts}
+    if not parts:
+        return out
+    conf = dict(consumer_config)
+    conf.update(
+        {
+            "group.id": conf.get("group.id", "ferryman-restore"),
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer = Consumer(conf)
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        pending = set(parts)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaOperationError(
+                    f"reading {topic} partitions {sorted(pending)} to the end",
+                    TimeoutError(f"not done within {timeout_s:.0f}s"),
+                )
+            for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition() or 0)
+                        continue
+                    raise KafkaException(err)
+                key = msg.key()
+                part = msg.partition()
+                if key is not None and part is not None:
+                    out[part][key] = msg.value()
+    finally:
+        consumer.close()
+    return out
+
+
+def decode_watermarks(
+    records: dict[bytes, bytes | None], cluster_id: str | None = None
+) -> dict[PartitionKey, state_pb2.WatermarkState]:
+    """Decode state-topic records, optionally keeping one source cluster only."""
+    out: dict[PartitionKey, state_pb2.WatermarkState] = {}
+    for raw_key, raw_value in records.items():
+        cid, key = PartitionKey.decode(raw_key)
+        if raw_value is None or (cluster_id is not None and cid != cluster_id):
+            continue
+        st = state_pb2.WatermarkState()
+        st.ParseFromString(raw_value)
+        out[key] = st
+    return out
+
+
+def spec_key(cluster_id: str, topic: str) -> bytes:
+    """Key of a TopicSpec record in a flow's topic-spec topic."""
+    return f"{cluster_id}/{topic}".encode()

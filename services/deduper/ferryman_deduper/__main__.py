@@ -1,0 +1,5 @@
+"""``python -m ferryman_deduper``."""
+
+from ferryman_deduper.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,664 @@
+"""The deduper service: staging envelopes to destination records, exactly once.
+
+One loop thread owns every Kafka client. Each Kafka transaction carries, for
+the staging partitions it consumed from:
+
+1. the accepted source records, written to the destination topic on the same
+   partition number, byte for byte;
+2. the new watermark of every source partition it advanced (state topic);
+3. the source to destination offset mapping of those records (offset-map topic);
+4. the staging consumer offsets (``send_offsets_to_transaction`` with the
+   consumer group metadata, KIP-447).
+
+So a crash at any point keeps all four or none. On partition assignment the
+committed staging offsets are fetched first (they are stable: pending
+transactional commits finish first) and the state partition is read after
+them, under read_committed, before any envelope of the partition is processed.
+
+Error handling follows librdkafka's classes (ferryman.kafka_errors): abortable
+errors abort and rewind to the last commit; fatal errors and indefinite commit
+outcomes rebuild the producer (init_transactions resolves the open
+transaction) and rewind; a fence by another live instance with our
+transactional.id stops this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from ferryman import envelope, topics
+from ferryman.client_config import base_config
+from ferryman.config import FerrymanConfig, FlowConfig
+from ferryman.envelope import headers_of
+from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
+from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.naming import FlowNames, NamingPolicy
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
+from ferryman.v1 import envelope_pb2, state_pb2
+
+from ferryman_deduper._decide import PartitionState, Verdict, decide
+from ferryman_deduper._destinations import DestinationTopics
+
+_log = logging.getLogger(__name__)
+
+_ADMIN_TIMEOUT_S = 30.0
+#: How often destination topics are re-synced with the source specs, so that
+#: partition growth shows up even before the first record of a new partition.
+_SPEC_SYNC_INTERVAL_S = 10.0
+
+
+@dataclass
+class _Slice:
+    """Records of one envelope written in the open transaction (for the offset map)."""
+
+    key: PartitionKey
+    source: envelope_pb2.SourcePartition
+    destination_topic: str
+    source_offsets: list[int]
+    first_destination_offset: int = -1
+    last_destination_offset: int = -1
+
+
+@dataclass
+class DeduperStats:
+    """Counters since start (also logged at shutdown)."""
+
+    envelopes: int = 0
+    records_written: int = 0
+    duplicates_dropped: int = 0
+    gaps_detected: int = 0
+    bad_envelopes: int = 0
+    stale_topic_envelopes: int = 0
+    topics_recreated: int = 0
+    transactions_committed: int = 0
+    transactions_aborted: int = 0
+    producer_rebuilds: int = 0
+
+
+class Deduper:
+    """Runs one flow's deduper until shutdown() is called.
+
+    Lifecycle: ``run()`` blocks; ``shutdown()`` (thread- and signal-safe,
+    idempotent) makes it stop consuming, commit the open transaction (abort it
+    if the commit fails) and close its clients, in that order.
+    """
+
+    def __init__(self, config: FerrymanConfig, flow: FlowConfig, *, instance_id: str | None = None) -> None:
+        self._flow = flow
+        self._dc = config.deduper
+        self.instance_id = instance_id or self._dc.instance_id
+        self._names = FlowNames.of(flow, wrapper_group=config.wrapper.group_id, deduper_group=self._dc.group_id)
+        self._target = config.clusters[flow.target]
+        self._eos = flow.exactly_once
+        self._staging_max_message_bytes = config.wrapper.staging_max_message_bytes
+        self._transactional_id = self._names.transactional_id(self.instance_id)
+        self._stop = threading.Event()
+        self.stats = DeduperStats()
+        # Source-partition state as of the last commit, and changes in the open transaction.
+        self._committed: dict[PartitionKey, PartitionState] = {}
+        self._pending: dict[PartitionKey, PartitionState] = {}
+        self._cluster_ids: dict[PartitionKey, str] = {}
+        self._dest_topics: dict[PartitionKey, str] = {}
+        self._last_dest_offset: dict[PartitionKey, int] = {}
+        self._slices: list[_Slice] = []
+        self._next_offsets: dict[int, int] = {}
+        self._owned: set[int] = set()
+        self._gapped: dict[PartitionKey, tuple[int, int]] = {}
+        self._txn_open = False
+        self._txn_started = 0.0
+        self._txn_records = 0
+        self._delivery_error: KafkaError | None = None
+        self._fatal: BaseException | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _client_conf(self, suffix: str) -> dict[str, Any]:
+        return base_config(self._target, f"ferryman-deduper-{self.instance_id}-{suffix}")
+
+    def _make_producer(self) -> Producer:
+        conf = self._client_conf("producer")
+        conf.update(
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": self._dc.linger_ms,
+                "compression.type": self._dc.compression_type,
+                "message.max.bytes": self._dc.max_message_bytes,
+                # A transaction may hold up to transaction_max_records records
+                # before it is committed; they all sit in the local queue.
+                "queue.buffering.max.messages": max(100_000, 2 * self._dc.transaction_max_records),
+                # CONCURRENT_TRANSACTIONS right after a commit clears within
+                # tens of ms; the 100 ms default backoff would cap us at a few
+                # transactions per second (KAFKA-5477).
+                "retry.backoff.ms": 20,
+            }
+        )
+        if self._eos:
+            conf["transactional.id"] = self._transactional_id
+            conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
+        return Producer(conf)
+
+    def _make_consumer(self) -> Consumer:
+        conf = self._client_conf("staging")
+        conf.update(
+            {
+                "group.id": self._names.deduper_group,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # Positions are set explicitly on assignment; an out-of-range
+                # committed offset means staging retention deleted envelopes
+                # we never processed: an error, not a silent jump.
+                "auto.offset.reset": "error",
+                "partition.assignment.strategy": "cooperative-sticky",
+            }
+        )
+        return Consumer(conf)
+
+    def _init_transactions(self) -> None:
+        if not self._eos:
+            return
+        try:
+            retry_retriable(
+                lambda: self._producer.init_transactions(self._dc.operation_timeout_s),
+                what="init_transactions",
+                budget_s=self._dc.operation_timeout_s * 4,
+            )
+        except KafkaException as exc:
+            if classify(exc) is ErrorClass.FENCED:
+                raise FencedError(f"{self._transactional_id}: {exc}") from exc
+            raise
+
+    def _ensure_topics(self, admin: AdminClient) -> None:
+        n = self._flow.staging_partitions
+        topics.ensure_internal_topic(
+            admin,
+            self._names.staging_topic,
+            n,
+            {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)},
+            _ADMIN_TIMEOUT_S,
+            purpose="staging",
+        )
+        topics.ensure_internal_topic(
+            admin, self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="state"
+        )
+        topics.ensure_internal_topic(
+            admin, self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="topic-spec"
+        )
+        if self._flow.emit_offset_mappings:
+            topics.ensure_internal_topic(
+                admin, self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="offset-map"
+            )
+
+    # -------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        """Ask run() to drain and return. Safe from signal handlers and threads."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Deduplicate until shutdown(); raises FerrymanError on unrecoverable errors."""
+        admin = AdminClient(self._client_conf("admin"))
+        self._ensure_topics(admin)
+        self._destinations = DestinationTopics(
+            admin=admin,
+            consumer_config=self._client_conf("specs"),
+            specs_topic=self._names.specs_topic,
+            naming=NamingPolicy(self._flow.source, self._flow.naming),
+            replicate_configs=self._flow.replicate_topic_configs,
+            timeout_s=_ADMIN_TIMEOUT_S,
+        )
+        self._producer = self._make_producer()
+        self._destinations.producer = self._producer
+        self._init_transactions()
+        self._consumer = self._make_consumer()
+        _log.info(
+            "deduper %s starting: flow %s, staging %s, %s",
+            self.instance_id,
+            self._flow.name,
+            self._names.staging_topic,
+            f"transactional.id {self._transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
+        )
+        self._consumer.subscribe(
+            [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        try:
+            self._loop()
+            self._commit("shutdown")
+        finally:
+            self._close()
+
+    def _loop(self) -> None:
+        timeout = self._dc.poll_timeout_ms / 1000
+        interval = self._dc.transaction_interval_ms / 1000
+        next_sync = time.monotonic() + _SPEC_SYNC_INTERVAL_S
+        while not self._stop.is_set():
+            msgs = self._consumer.consume(num_messages=self._dc.consume_batch_size, timeout=timeout)
+            if self._fatal is not None:
+                raise self._fatal
+            for msg in msgs:
+                self._process(msg)
+            self._producer.poll(0)
+            now = time.monotonic()
+            if self._txn_open and (
+                now - self._txn_started >= interval or self._txn_records >= self._dc.transaction_max_records
+            ):
+                self._commit("budget")
+            if now >= next_sync:
+                self._destinations.sync_all()
+                next_sync = now + _SPEC_SYNC_INTERVAL_S
+
+    def _close(self) -> None:
+        try:
+            self._consumer.close()
+        except KafkaException as exc:
+            _log.warning("closing the staging consumer: %s", exc)
+        if self._txn_open:
+            self._abort_quietly()
+        self._producer.flush(self._dc.operation_timeout_s)
+        _log.info("deduper %s stopped: %s", self.instance_id, self.stats)
+
+    # -------------------------------------------------------------- data path
+    def _begin(self) -> None:
+        if self._txn_open:
+            return
+        if self._eos:
+            self._producer.begin_transaction()
+        self._txn_open = True
+        self._txn_started = time.monotonic()
+        self._txn_records = 0
+
+    def _process(self, msg: Message) -> None:
+        err = msg.error()
+        sp = msg.partition()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                raise FerrymanError(
+                    f"staging partition {sp}: the committed position is no longer in the log ({err.str()}); "
+                    "staging retention deleted envelopes that were never deduplicated"
+                )
+            if err.fatal():
+                raise KafkaOperationError("staging consumer", KafkaException(err))
+            _log.warning("staging consumer: %s", err)
+            return
+        if sp is None or sp not in self._owned:
+            return
+        self._begin()
+        offset = msg.offset()
+        assert offset is not None
+        self._next_offsets[sp] = offset + 1
+        self.stats.envelopes += 1
+        try:
+            env = envelope.decode(msg.value())
+        except EnvelopeError as exc:
+            self.stats.bad_envelopes += 1
+            _log.error(
+                "staging record %s-%d@%d is not a valid envelope and is skipped (no watermark moves, so a "
+                "resent copy is still accepted): %s",
+                self._names.staging_topic,
+                sp,
+                offset,
+                exc,
+            )
+            return
+        src = env.source
+        key = PartitionKey(src.topic, src.partition)
+        expected_sp = envelope.staging_partition(src.topic, src.partition, self._flow.staging_partitions)
+        if expected_sp != sp:
+            raise FerrymanError(
+                f"envelope of {key} found on staging partition {sp}, expected {expected_sp}: a wrapper with a "
+                f"different staging_partitions setting wrote to {self._names.staging_topic}"
+            )
+        state = self._pending.get(key) or self._committed.get(key)
+        d = decide(
+            state, src.topic_id, env.previous_offset, env.records, on_topic_recreated=self._flow.on_topic_recreated
+        )
+        if d.recreated:
+            self.stats.topics_recreated += 1
+            _log.error(
+                "source topic %s was re-created (new topic id) - partition %d: %s",
+                src.topic,
+                src.partition,
+                "watermark reset to -1, replicating the new topic into the same destination"
+                if d.verdict is not Verdict.HALTED
+                else "halting this partition (on_topic_recreated: halt)",
+            )
+        if d.new_state is not None:
+            self._pending[key] = d.new_state
+            self._cluster_ids[key] = src.cluster_id
+        verdict = d.verdict
+        if verdict is Verdict.ACCEPT:
+            self._write(key, src, env.records, d.start)
+            if key in self._gapped:
+                _log.warning("gap in %s closed: records %d..%d arrived", key, *self._gapped.pop(key))
+        elif verdict is Verdict.DUPLICATE:
+            self.stats.duplicates_dropped += len(env.records)
+        elif verdict is Verdict.GAP:
+            self.stats.gaps_detected += 1
+            gap = (d.missing_from, d.missing_to)
+            if self._gapped.get(key) != gap:
+                self._gapped[key] = gap
+                _log.error(
+                    "GAP in source partition %s: have up to offset %d, next envelope follows offset %d; "
+                    "records %d..%d have not arrived. Holding the partition until they do (not skipping).",
+                    key,
+                    d.missing_from - 1,
+                    d.missing_to,
+                    d.missing_from,
+                    d.missing_to,
+                )
+        elif verdict is Verdict.STALE_TOPIC:
+            self.stats.stale_topic_envelopes += 1
+
+    def _write(
+        self,
+        key: PartitionKey,
+        src: envelope_pb2.SourcePartition,
+        records: Any,
+        start: int,
+    ) -> None:
+        dest = self._destinations.resolve(src)
+        self._dest_topics[key] = dest
+        partition = src.partition
+        produce = self._producer.produce
+        poll = self._producer.poll
+        n = len(records)
+        slc = _Slice(key, src, dest, []) if self._flow.emit_offset_mappings else None
+        for i in range(start, n):
+            r = records[i]
+            kwargs: dict[str, Any] = {"partition": partition, "timestamp": r.timestamp_ms}
+            if r.HasField("key"):
+                kwargs["key"] = r.key
+            if r.headers:
+                kwargs["headers"] = headers_of(r)
+            if slc is not None:
+                slc.source_offsets.append(r.offset)
+                if i == start or i == n - 1:
+                    kwargs["on_delivery"] = self._slice_callback(slc, first=i == start, last=i == n - 1)
+            value = r.value if r.HasField("value") else None
+            while True:
+                try:
+                    produce(dest, value, **kwargs)
+                    break
+                except BufferError:
+                    poll(0.05)  # local queue full: let deliveries drain
+        self._txn_records += n - start
+        self.stats.records_written += n - start
+        if slc is not None:
+            self._slices.append(slc)
+
+    def _slice_callback(self, slc: _Slice, *, first: bool, last: bool) -> Any:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._delivery_error = err
+                return
+            off = msg.offset()
+            if off is None:
+                return
+            if first:
+                slc.first_destination_offset = off
+            if last:
+                slc.last_destination_offset = off
+
+        return on_delivery
+
+    # ----------------------------------------------------------- transactions
+    def _commit(self, reason: str) -> None:
+        """Commit the open transaction: records, watermarks, offset map, staging offsets."""
+        if not self._txn_open:
+            return
+        budget = self._dc.operation_timeout_s
+        try:
+            if self._slices:
+                # The offset map needs destination offsets, known once delivered.
+                remaining = self._producer.flush(budget)
+                if remaining:
+                    raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
+            if self._delivery_error is not None:
+                raise KafkaException(self._delivery_error)
+            self._produce_state()
+            self._produce_mappings()
+            offsets = [TopicPartition(self._names.staging_topic, sp, nxt) for sp, nxt in self._next_offsets.items()]
+            if self._eos:
+                group = self._consumer.consumer_group_metadata()
+                if offsets:
+                    retry_retriable(
+                        lambda: self._producer.send_offsets_to_transaction(offsets, group, budget),
+                        what="send_offsets_to_transaction",
+                        budget_s=budget,
+                    )
+                retry_retriable(
+                    lambda: self._producer.commit_transaction(budget), what="commit_transaction", budget_s=budget
+                )
+            else:
+                remaining = self._producer.flush(budget)
+                if remaining or self._delivery_error is not None:
+                    raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
+                if offsets:
+                    retry_retriable(
+                        lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
+                        what="committing staging offsets",
+                        budget_s=budget,
+                    )
+        except (KafkaException, KafkaOperationError) as exc:
+            self._recover(exc, f"commit ({reason})")
+            return
+        for key, st in self._pending.items():
+            self._committed[key] = st
+        self._clear_transaction()
+        self.stats.transactions_committed += 1
+
+    def _produce_state(self) -> None:
+        now_ms = int(time.time() * 1000)
+        n = self._flow.staging_partitions
+        for key, st in self._pending.items():
+            value = state_pb2.WatermarkState(
+                watermark=st.watermark,
+                topic_id=st.topic_id,
+                retired_topic_ids=sorted(st.retired_topic_ids),
+                destination_offset=self._last_dest_offset.get(key, -1),
+                destination_topic=self._dest_topics.get(key, ""),
+                updated_at_ms=now_ms,
+                deduper_id=self.instance_id,
+            )
+            self._producer.produce(
+                self._names.state_topic,
+                key=key.encode(self._cluster_ids.get(key, "")),
+                value=value.SerializeToString(),
+                partition=envelope.staging_partition(key.topic, key.partition, n),
+            )
+
+    def _produce_mappings(self) -> None:
+        n = self._flow.staging_partitions
+        for slc in self._slices:
+            count = len(slc.source_offsets)
+            if (
+                slc.first_destination_offset < 0
+                or slc.last_destination_offset - slc.first_destination_offset != count - 1
+            ):
+                _log.warning(
+                    "destination offsets of %s are not consecutive (another producer writes %s?); "
+                    "offset mapping for %d records not emitted",
+                    slc.key,
+                    slc.destination_topic,
+                    count,
+                )
+                continue
+            self._last_dest_offset[slc.key] = slc.last_destination_offset
+            mapping = state_pb2.OffsetMapping(
+                source=slc.source,
+                destination_topic=slc.destination_topic,
+                destination_partition=slc.source.partition,
+                first_destination_offset=slc.first_destination_offset,
+                source_offsets=slc.source_offsets,
+            )
+            self._producer.produce(
+                self._names.offset_map_topic,
+                key=f"{slc.key.topic}/{slc.key.partition}/{slc.source_offsets[0]}".encode(),
+                value=mapping.SerializeToString(),
+                partition=envelope.staging_partition(slc.key.topic, slc.key.partition, n),
+            )
+
+    def _clear_transaction(self) -> None:
+        self._pending.clear()
+        self._slices.clear()
+        self._next_offsets.clear()
+        self._txn_open = False
+        self._txn_records = 0
+        self._delivery_error = None
+
+    def _recover(self, exc: BaseException, what: str) -> None:
+        """Handle a failed transactional step by class, then rewind to the last commit."""
+        cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
+        if cls is ErrorClass.RETRIABLE:
+            cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
+        if cls is ErrorClass.FENCED:
+            age_ms = (time.monotonic() - self._txn_started) * 1000
+            if age_ms < self._dc.transaction_timeout_ms:
+                raise FencedError(
+                    f"{what}: transactional.id {self._transactional_id} was taken over by another deduper "
+                    f"instance ({exc}); two live processes must not share instance_id {self.instance_id!r}"
+                ) from exc
+            cls = ErrorClass.FATAL  # our own transaction outlived transaction.timeout.ms
+        _log.warning("%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
+        self.stats.transactions_aborted += 1
+        if cls is ErrorClass.ABORTABLE and self._eos:
+            try:
+                retry_retriable(
+                    lambda: self._producer.abort_transaction(self._dc.operation_timeout_s),
+                    what="abort_transaction",
+                    budget_s=self._dc.operation_timeout_s,
+                )
+            except (KafkaException, KafkaOperationError) as abort_exc:
+                if isinstance(abort_exc, KafkaException) and classify(abort_exc) is ErrorClass.FENCED:
+                    raise FencedError(f"abort: {abort_exc}") from abort_exc
+                cls = ErrorClass.FATAL
+        if cls is not ErrorClass.ABORTABLE or not self._eos:
+            self._rebuild_producer()
+        self._rewind()
+
+    def _abort_quietly(self) -> None:
+        if not self._eos:
+            self._clear_transaction()
+            return
+        try:
+            self._producer.abort_transaction(self._dc.operation_timeout_s)
+        except KafkaException as exc:
+            _log.warning("abort at shutdown failed (%s); the coordinator aborts it on timeout", exc)
+        self._clear_transaction()
+
+    def _rebuild_producer(self) -> None:
+        """Replace the producer; init_transactions resolves whatever the old one left open."""
+        self.stats.producer_rebuilds += 1
+        _log.warning("rebuilding the destination producer (%s)", self._transactional_id)
+        old = self._producer
+        old.purge()
+        self._producer = self._make_producer()
+        self._destinations.producer = self._producer
+        self._init_transactions()
+
+    def _rewind(self, partitions: set[int] | None = None) -> None:
+        """Drop the open transaction's work and resume owned partitions from their last commit."""
+        self._clear_transaction()
+        self._gapped.clear()
+        parts = set(self._owned) if partitions is None else partitions
+        if not parts:
+            return
+        positions = self._restore(sorted(parts))
+        for sp, offset in positions.items():
+            self._consumer.seek(TopicPartition(self._names.staging_topic, sp, offset))
+
+    def _restore(self, partitions: list[int]) -> dict[int, int]:
+        """Committed staging positions, then the state written with them.
+
+        Order matters: committed() under read_committed waits for pending
+        transactional offset commits, so every transaction that committed these
+        offsets is complete before the state partitions are read.
+        """
+        tps = [TopicPartition(self._names.staging_topic, sp) for sp in partitions]
+        committed = retry_retriable(
+            lambda: self._consumer.committed(tps, timeout=_ADMIN_TIMEOUT_S),
+            what="reading committed staging offsets",
+            budget_s=_ADMIN_TIMEOUT_S * 4,
+        )
+        records = read_compacted(
+            self._client_conf("restore"), self._names.state_topic, partitions, _ADMIN_TIMEOUT_S * 4
+        )
+        n = self._flow.staging_partitions
+        for key in [k for k in self._committed if envelope.staging_partition(k.topic, k.partition, n) in partitions]:
+            del self._committed[key]
+        restored = 0
+        for recs in records.values():
+            for raw_key, raw_value in recs.items():
+                if raw_value is None:
+                    continue
+                cluster_id, key = PartitionKey.decode(raw_key)
+                st = state_pb2.WatermarkState()
+                st.ParseFromString(raw_value)
+                self._committed[key] = PartitionState(
+                    watermark=st.watermark, topic_id=st.topic_id, retired_topic_ids=set(st.retired_topic_ids)
+                )
+                self._cluster_ids[key] = cluster_id
+                if st.destination_topic:
+                    self._dest_topics[key] = st.destination_topic
+                self._last_dest_offset[key] = st.destination_offset
+                restored += 1
+        _log.info("restored %d source-partition watermarks for staging partitions %s", restored, partitions)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in committed}
+
+    # ------------------------------------------------------------ rebalances
+    def _guard(self, what: str, fn: Any, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            fn(consumer, partitions)
+        except BaseException as exc:  # callbacks must not raise: surface it from the loop
+            _log.exception("%s failed", what)
+            self._fatal = exc
+            self._stop.set()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guard("partition assignment", self._assign, consumer, partitions)
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        parts = sorted(tp.partition for tp in partitions)
+        positions = self._restore(parts)
+        consumer.incremental_assign([TopicPartition(self._names.staging_topic, sp, positions[sp]) for sp in parts])
+        self._owned.update(parts)
+        _log.info("assigned staging partitions %s (now own %s)", parts, sorted(self._owned))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guard("partition revocation", self._revoke, consumer, partitions)
+
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False) -> None:
+        parts = {tp.partition for tp in partitions}
+        if self._txn_open:
+            if lost:
+                # Our generation is gone: the offsets commit would be refused.
+                self._recover(KafkaException(KafkaError(KafkaError._STATE, "partitions lost")), "lost partitions")
+            else:
+                self._commit("revoke")
+        self._owned -= parts
+        n = self._flow.staging_partitions
+        for key in [k for k in self._committed if envelope.staging_partition(k.topic, k.partition, n) in parts]:
+            del self._committed[key]
+        _log.info(
+            "%s staging partitions %s (now own %s)", "lost" if lost else "revoked", sorted(parts), sorted(self._owned)
+        )
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guard("partition loss", lambda c, p: self._revoke(c, p, lost=True), consumer, partitions)

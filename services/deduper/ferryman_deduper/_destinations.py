@@ -1,0 +1,137 @@
+"""Destination topics: created and grown from the wrapper's topic specs.
+
+The deduper never talks to the source cluster. The wrapper publishes a
+TopicSpec (partition count, topic id, replicable configs) of every source topic
+to the flow's compacted spec topic before it sends any envelope of it; this
+module turns specs into destination topics with the same partition count and
+configs, named by the flow's naming policy, and grows them when the source
+grows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+from ferryman import topics
+from ferryman.errors import FerrymanError
+from ferryman.naming import NamingPolicy
+from ferryman.state import read_compacted
+from ferryman.v1 import envelope_pb2, state_pb2
+
+_log = logging.getLogger(__name__)
+
+
+class SpecMissingError(FerrymanError):
+    """An envelope arrived for a source topic whose spec was never published."""
+
+
+@dataclass
+class _Ready:
+    name: str
+    partitions: int
+
+
+class DestinationTopics:
+    """Resolves source partitions to destination topics that exist and are big enough."""
+
+    def __init__(
+        self,
+        *,
+        admin: AdminClient,
+        consumer_config: dict[str, Any],
+        specs_topic: str,
+        naming: NamingPolicy,
+        replicate_configs: bool,
+        timeout_s: float,
+    ) -> None:
+        self._admin = admin
+        self._consumer_config = consumer_config
+        self._specs_topic = specs_topic
+        self._naming = naming
+        self._replicate_configs = replicate_configs
+        self._timeout_s = timeout_s
+        self._specs: dict[tuple[str, str], state_pb2.TopicSpec] = {}
+        self._ready: dict[tuple[str, str], _Ready] = {}
+        self.producer: Producer | None = None
+
+    def name_of(self, topic: str) -> str:
+        """Destination topic name of a source topic."""
+        return self._naming.destination_topic(topic)
+
+    def resolve(self, source: envelope_pb2.SourcePartition) -> str:
+        """Destination topic for source, created or grown first if needed."""
+        ident = (source.cluster_id, source.topic)
+        ready = self._ready.get(ident)
+        if ready is not None and source.partition < ready.partitions:
+            return ready.name
+        spec = self._specs.get(ident)
+        if spec is None or source.partition >= spec.partitions:
+            self.load_specs()
+            spec = self._specs.get(ident)
+        if spec is None:
+            raise SpecMissingError(
+                f"no topic spec for source topic {source.topic} (cluster {source.cluster_id}) in "
+                f"{self._specs_topic}; the wrapper publishes it before any envelope"
+            )
+        return self._materialize(spec, min_partitions=source.partition + 1).name
+
+    def load_specs(self) -> None:
+        """Re-read the spec topic."""
+        records = read_compacted(self._consumer_config, self._specs_topic, [0], self._timeout_s)
+        for value in records[0].values():
+            if value is None:
+                continue
+            spec = state_pb2.TopicSpec()
+            spec.ParseFromString(value)
+            self._specs[(spec.cluster_id, spec.topic)] = spec
+
+    def sync_all(self) -> None:
+        """Create or grow the destination topic of every known spec (partition growth)."""
+        self.load_specs()
+        for ident, spec in list(self._specs.items()):
+            ready = self._ready.get(ident)
+            if ready is None or ready.partitions < spec.partitions:
+                self._materialize(spec, min_partitions=spec.partitions)
+
+    def _materialize(self, spec: state_pb2.TopicSpec, *, min_partitions: int) -> _Ready:
+        name = self.name_of(spec.topic)
+        wanted = max(spec.partitions, min_partitions)
+        existing = topics.describe_topics(self._admin, [name], self._timeout_s).get(name)
+        if existing is None:
+            configs = dict(spec.configs) if self._replicate_configs else {}
+            topics.create_topic(self._admin, name, wanted, configs, self._timeout_s)
+            existing = topics.await_topic(self._admin, name, self._timeout_s)
+            if existing is None:
+                raise FerrymanError(f"destination topic {name} was not created in time")
+        if existing.partitions < wanted:
+            topics.grow_partitions(self._admin, name, wanted, self._timeout_s)
+            topics.await_topic(self._admin, name, self._timeout_s, min_partitions=wanted)
+        else:
+            wanted = existing.partitions
+        self._await_metadata(name, wanted)
+        ready = _Ready(name, wanted)
+        self._ready[(spec.cluster_id, spec.topic)] = ready
+        return ready
+
+    def _await_metadata(self, name: str, partitions: int) -> None:
+        """Wait until the producer's metadata shows the partitions we will write to.
+
+        Producing to a partition the producer does not know yet fails the
+        delivery (and so the transaction); waiting here costs one metadata
+        round trip per new topic or growth.
+        """
+        if self.producer is None:
+            return
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            md = self.producer.list_topics(topic=name, timeout=self._timeout_s)
+            t = md.topics.get(name)
+            if t is not None and t.error is None and len(t.partitions) >= partitions:
+                return
+            time.sleep(0.1)  # metadata propagation after CreateTopics: poll with a short interval
+        raise FerrymanError(f"destination topic {name} did not show {partitions} partitions in time")

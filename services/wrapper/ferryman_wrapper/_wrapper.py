@@ -1,0 +1,458 @@
+"""The wrapper service: source topics to envelopes in the staging topic.
+
+Reads the selected source topics with ``read_committed``, packs each run of
+records of one source partition into an envelope and writes it with an
+idempotent producer to the one staging partition of that source partition.
+Source offsets are committed (to the source cluster) only up to the last
+envelope acknowledged with every envelope before it; a failed send rewinds to
+there. Everything it writes may be written again after a crash: the deduper
+drops what it has already seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from ferryman import envelope, topics
+from ferryman.client_config import base_config
+from ferryman.config import FerrymanConfig, FlowConfig
+from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
+from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.naming import FlowNames, TopicFilter
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
+from ferryman.v1 import envelope_pb2
+
+from ferryman_wrapper._envelopes import build_envelopes
+from ferryman_wrapper._progress import ProgressTracker
+from ferryman_wrapper._specs import SpecPublisher
+
+_log = logging.getLogger(__name__)
+
+#: Admin/metadata calls are small; 30 s covers a leader election on the way.
+_ADMIN_TIMEOUT_S = 30.0
+#: Staging records are kept a week by default: longer than any deduper outage
+#: we plan for, and long enough for an audit to look back.
+_STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
+
+
+class Wrapper:
+    """Runs one flow's wrapper until shutdown() is called.
+
+    Lifecycle: ``run()`` blocks; ``shutdown()`` (thread- and signal-safe,
+    idempotent) makes it stop consuming, flush the staging producer, commit
+    what was acknowledged and close its clients.
+    """
+
+    def __init__(self, config: FerrymanConfig, flow: FlowConfig, *, instance_id: str | None = None) -> None:
+        self._config = config
+        self._flow = flow
+        self._wc = config.wrapper
+        self._names = FlowNames.of(flow, wrapper_group=self._wc.group_id, deduper_group=config.deduper.group_id)
+        self._source = config.clusters[flow.source]
+        self._target = config.clusters[flow.target]
+        self.wrapper_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._stop = threading.Event()
+        self._tracker = ProgressTracker()
+        # Per assigned source partition: last offset sent (the chain) and epoch.
+        self._chain: dict[PartitionKey, int] = {}
+        self._epoch: dict[PartitionKey, int] = {}
+        self._last_epoch = 0
+        self._sources: dict[PartitionKey, envelope_pb2.SourcePartition] = {}
+        self._staging_keys: dict[PartitionKey, bytes] = {}
+        self._topic_ids: dict[str, bytes] = {}
+        self._producer_fatal: KafkaError | None = None
+        self._fatal: BaseException | None = None
+        self.records_sent = 0
+        self.envelopes_sent = 0
+        self.rewinds = 0
+
+    # ------------------------------------------------------------------ setup
+    def _make_producer(self) -> Producer:
+        conf = base_config(self._target, f"{self.wrapper_id}-staging")
+        conf.update(
+            {
+                # Idempotence keeps envelopes of one staging partition in order
+                # with up to 5 requests in flight: the max-offset dedup rule
+                # relies on it.
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": self._wc.linger_ms,
+                "compression.type": self._wc.compression_type,
+                "message.max.bytes": self._wc.staging_max_message_bytes,
+                "error_cb": self._on_producer_error,
+            }
+        )
+        return Producer(conf)
+
+    def _make_consumer(self) -> Consumer:
+        conf = base_config(self._source, f"{self.wrapper_id}-source")
+        conf.update(
+            {
+                "group.id": self._names.wrapper_group,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # Start positions are chosen explicitly on assignment; an
+                # out-of-range committed offset (retention ran ahead of us)
+                # must be an error, never a silent jump.
+                "auto.offset.reset": "error",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
+            }
+        )
+        return Consumer(conf)
+
+    def _on_producer_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._producer_fatal = err
+        else:
+            _log.warning("staging producer: %s", err)
+
+    def _ensure_topics(self, target_admin: AdminClient) -> None:
+        staging_configs = {
+            "cleanup.policy": "delete",
+            "max.message.bytes": str(self._wc.staging_max_message_bytes),
+            "retention.ms": _STAGING_RETENTION_MS,
+        }
+        topics.ensure_internal_topic(
+            target_admin,
+            self._names.staging_topic,
+            self._flow.staging_partitions,
+            staging_configs,
+            _ADMIN_TIMEOUT_S,
+            purpose="staging",
+        )
+        topics.ensure_internal_topic(
+            target_admin, self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="topic-spec"
+        )
+
+    # -------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        """Ask run() to drain and return. Safe from signal handlers and threads."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Replicate until shutdown(); raises FerrymanError on unrecoverable errors."""
+        source_admin = AdminClient(base_config(self._source, f"{self.wrapper_id}-admin"))
+        target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
+        self._cluster_id = topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S)
+        self._ensure_topics(target_admin)
+        self._producer = self._make_producer()
+        self._specs = SpecPublisher(
+            source_admin=source_admin,
+            producer=self._producer,
+            specs_topic=self._names.specs_topic,
+            cluster_id=self._cluster_id,
+            topic_filter=TopicFilter.of(self._flow),
+            replicate_configs=self._flow.replicate_topic_configs,
+            timeout_s=_ADMIN_TIMEOUT_S,
+        )
+        self._consumer = self._make_consumer()
+        _log.info(
+            "wrapper %s starting: flow %s, source cluster %s, staging %s",
+            self.wrapper_id,
+            self._flow.name,
+            self._cluster_id,
+            self._names.staging_topic,
+        )
+        try:
+            self._loop()
+        finally:
+            self._close()
+
+    def _subscribe(self, names: list[str]) -> None:
+        self._subscribed = names
+        if names:
+            self._consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            _log.info("subscribed to %d source topics: %s", len(names), ", ".join(names[:20]))
+        else:
+            self._consumer.unsubscribe()
+            _log.warning("no source topic matches flow %s yet", self._flow.name)
+
+    def _loop(self) -> None:
+        self._subscribe(self._specs.discover())
+        next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
+        next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
+        timeout = self._wc.poll_timeout_ms / 1000
+        while not self._stop.is_set():
+            if self._fatal is not None:
+                raise self._fatal
+            msgs = self._consumer.consume(num_messages=self._wc.consume_batch_size, timeout=timeout)
+            if self._fatal is not None:
+                raise self._fatal
+            if msgs:
+                self._wrap(msgs)
+            self._producer.poll(0)
+            if self._producer_fatal is not None:
+                self._rebuild_producer()
+            if self._tracker.any_failed:
+                self._rewind("a staging write failed")
+            now = time.monotonic()
+            if now >= next_commit:
+                self._commit()
+                next_commit = now + self._wc.commit_interval_ms / 1000
+            if now >= next_refresh:
+                names = self._specs.discover()
+                if names != self._subscribed:
+                    self._subscribe(names)
+                next_refresh = now + self._wc.topic_refresh_interval_s
+
+    def _close(self) -> None:
+        """Drain in order: flush staging writes, commit acknowledged offsets, close."""
+        try:
+            remaining = self._producer.flush(self._wc.shutdown_timeout_s)
+            if remaining:
+                _log.warning("%d envelopes unacknowledged at shutdown; they will be re-sent", remaining)
+            self._commit()
+        except (KafkaException, FerrymanError) as exc:
+            _log.warning("final commit failed (%s); uncommitted records will be re-sent", exc)
+        finally:
+            self._consumer.close()
+        _log.info(
+            "wrapper %s stopped: %d records in %d envelopes, %d rewinds",
+            self.wrapper_id,
+            self.records_sent,
+            self.envelopes_sent,
+            self.rewinds,
+        )
+
+    # ---------------------------------------------------------------- data path
+    def _wrap(self, msgs: Sequence[Message]) -> None:
+        runs: dict[PartitionKey, list[Message]] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                self._on_consume_error(msg, err)
+                continue
+            key = PartitionKey(cast(str, msg.topic()), cast(int, msg.partition()))
+            run = runs.get(key)
+            if run is None:
+                runs[key] = [msg]
+            else:
+                run.append(msg)
+        for key, run in runs.items():
+            if key not in self._chain:
+                continue  # revoked while the batch was in hand
+            self._send_run(key, run)
+
+    def _send_run(self, key: PartitionKey, run: list[Message]) -> None:
+        sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
+        produce = self._producer.produce
+        for built in build_envelopes(
+            run,
+            self._sources[key],
+            self._chain[key],
+            wrapper_id=self.wrapper_id,
+            wrapper_epoch=self._epoch[key],
+            max_records=self._wc.envelope_max_records,
+            max_bytes=self._wc.envelope_max_bytes,
+        ):
+            last = built.last_offset
+            epoch = self._epoch[key]
+
+            def on_delivery(
+                err: KafkaError | None, _msg: Message, key: PartitionKey = key, last: int = last, epoch: int = epoch
+            ) -> None:
+                if self._epoch.get(key) != epoch:
+                    return  # report of an envelope sent before a rewind
+                if err is None:
+                    self._tracker.acked(key, last)
+                else:
+                    _log.error("staging write of %s up to offset %d failed: %s", key, last, err)
+                    self._tracker.failed(key)
+
+            while True:
+                try:
+                    produce(
+                        self._names.staging_topic,
+                        value=built.value,
+                        key=self._staging_keys[key],
+                        partition=sp,
+                        on_delivery=on_delivery,
+                    )
+                    break
+                except BufferError:
+                    # Local queue full: serve delivery reports to make room.
+                    self._producer.poll(0.05)
+            self._tracker.sent(key, last)
+            self._chain[key] = last
+            self.records_sent += built.record_count
+            self.envelopes_sent += 1
+
+    def _on_consume_error(self, msg: Message, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            raise SourceDataLostError(
+                f"source partition {msg.topic()}-{msg.partition()}: the next offset to replicate is no longer "
+                f"in the log ({err.str()}); records were deleted before they were replicated. Refusing to skip "
+                f"ahead. Inspect the loss, then reset the wrapper group {self._names.wrapper_group} offsets "
+                f"explicitly to continue."
+            )
+        if err.fatal():
+            raise KafkaOperationError("source consumer", KafkaException(err))
+        _log.warning("source consumer: %s", err)
+
+    # ------------------------------------------------------------- commits
+    def _commit(self, keys: list[PartitionKey] | None = None) -> None:
+        positions = self._tracker.commit_positions(keys)
+        if not positions:
+            return
+        offsets = [TopicPartition(k.topic, k.partition, nxt) for k, nxt in positions.items()]
+        try:
+            retry_retriable(
+                lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
+                what="committing source offsets",
+                budget_s=_ADMIN_TIMEOUT_S,
+            )
+        except KafkaException as exc:
+            if classify(exc) is ErrorClass.ABORTABLE:
+                # A rebalance moved partitions: the new owner resumes from the
+                # last commit and the deduper drops what we already sent.
+                _log.warning("source offset commit skipped during a rebalance: %s", exc)
+                return
+            raise
+        self._tracker.mark_committed(positions)
+
+    def _rewind(self, why: str) -> None:
+        """Resume every partition just after its acknowledged prefix."""
+        self.rewinds += 1
+        _log.warning("rewinding the wrapper: %s", why)
+        self._producer.flush(self._wc.shutdown_timeout_s)
+        self._commit()
+        positions = self._tracker.rewind_positions()
+        for key, (nxt, logical) in positions.items():
+            self._restart_partition(key, nxt, logical)
+            self._consumer.seek(TopicPartition(key.topic, key.partition, nxt if logical is None else logical))
+
+    def _rebuild_producer(self) -> None:
+        err = self._producer_fatal
+        _log.error("staging producer hit a fatal error (%s); rebuilding it and rewinding", err)
+        self._producer_fatal = None
+        # Whatever was acknowledged before the error stays acknowledged.
+        self._producer.purge()
+        self._producer.flush(1.0)
+        self._producer = self._make_producer()
+        self._specs.producer = self._producer
+        for key in list(self._chain):
+            self._tracker.failed(key)
+        self._rewind("producer rebuilt")
+
+    def _restart_partition(self, key: PartitionKey, next_offset: int, logical: int | None = None) -> None:
+        """(Re)start reading key at next_offset (or a logical offset) under a new epoch.
+
+        The chain restarts at next_offset - 1: everything before next_offset was
+        acknowledged (we commit last offset + 1), or, for a logical start,
+        at -1 (the start of replication for the partition).
+        """
+        self._last_epoch += 1
+        self._epoch[key] = self._last_epoch
+        self._chain[key] = next_offset - 1 if logical is None else -1
+        self._tracker.start(key, next_offset, logical)
+
+    # ------------------------------------------------------------ rebalances
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._assign(consumer, partitions)
+        except BaseException as exc:  # surfaced from the loop: callbacks must not raise
+            _log.exception("partition assignment failed")
+            self._fatal = exc
+            self._stop.set()
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        for tp in partitions:
+            self._specs.ensure_partition(tp.topic, tp.partition)
+        committed = retry_retriable(
+            lambda: consumer.committed(partitions, timeout=_ADMIN_TIMEOUT_S),
+            what="reading committed source offsets",
+            budget_s=_ADMIN_TIMEOUT_S * 2,
+        )
+        missing = [PartitionKey(tp.topic, tp.partition) for tp in committed if tp.offset < 0]
+        watermarks = self._deduper_watermarks(missing) if missing else {}
+        start: list[TopicPartition] = []
+        for tp in committed:
+            key = PartitionKey(tp.topic, tp.partition)
+            spec = self._specs.published[tp.topic]
+            self._sources[key] = envelope_pb2.SourcePartition(
+                cluster_id=self._cluster_id, topic=tp.topic, topic_id=spec.topic_id, partition=tp.partition
+            )
+            self._staging_keys[key] = f"{tp.topic}/{tp.partition}".encode()
+            if tp.offset >= 0:
+                nxt = tp.offset
+            elif key in watermarks:
+                nxt = watermarks[key] + 1
+                _log.warning(
+                    "source partition %s has no committed offset in group %s but the deduper has replicated it up "
+                    "to offset %d: resuming at %d (offsets were reset or expired)",
+                    key,
+                    self._names.wrapper_group,
+                    watermarks[key],
+                    nxt,
+                )
+            else:
+                nxt = -1  # never replicated: the flow's start position
+            if nxt >= 0:
+                self._restart_partition(key, nxt)
+                start.append(TopicPartition(tp.topic, tp.partition, nxt))
+            else:
+                pos = OFFSET_BEGINNING if self._flow.start_position == "earliest" else OFFSET_END
+                self._restart_partition(key, 0, pos)
+                start.append(TopicPartition(tp.topic, tp.partition, pos))
+                _log.info("source partition %s is new to the flow: starting at %s", key, self._flow.start_position)
+        consumer.incremental_assign(start)
+
+    def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        """Watermarks the deduper committed for keys (empty if it never ran)."""
+        admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
+        if self._names.state_topic not in topics.describe_topics(admin, [self._names.state_topic], _ADMIN_TIMEOUT_S):
+            return {}
+        parts = {envelope.staging_partition(k.topic, k.partition, self._flow.staging_partitions) for k in keys}
+        conf: dict[str, Any] = base_config(self._target, f"{self.wrapper_id}-state")
+        records = read_compacted(conf, self._names.state_topic, parts, _ADMIN_TIMEOUT_S * 2)
+        out: dict[PartitionKey, int] = {}
+        for recs in records.values():
+            for key, st in decode_watermarks(recs, self._cluster_id).items():
+                if key in keys and st.watermark >= 0:
+                    out[key] = st.watermark
+        return out
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [PartitionKey(tp.topic, tp.partition) for tp in partitions]
+        try:
+            # Hand over cleanly: everything sent is acknowledged and committed,
+            # so the next owner re-sends nothing.
+            self._producer.flush(self._wc.shutdown_timeout_s)
+            self._commit(keys)
+        except (KafkaException, FerrymanError) as exc:
+            _log.warning("commit on revoke failed (%s): the next owner re-sends from the last commit", exc)
+        self._drop(keys)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        _log.warning("lost %d source partitions (session expired); the new owner re-sends", len(partitions))
+        self._drop([PartitionKey(tp.topic, tp.partition) for tp in partitions])
+
+    def _drop(self, keys: list[PartitionKey]) -> None:
+        for key in keys:
+            self._tracker.forget(key)
+            self._chain.pop(key, None)
+            self._epoch.pop(key, None)
