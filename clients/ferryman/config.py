@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from ferryman.errors import ConfigError
 
@@ -118,6 +118,37 @@ class FlowConfig(_Model):
         return v
 
 
+class TlsConfig(_Model):
+    """TLS for every gRPC server and client of the project (one set of settings)."""
+
+    cert_file: Path | None = None
+    """PEM certificate chain of this process (server cert, or client cert for mTLS)."""
+    key_file: Path | None = None
+    """PEM private key matching cert_file."""
+    ca_file: Path | None = None
+    """PEM CA bundle used to verify the peer."""
+    require_client_cert: bool = False
+    """Servers only: demand and verify a client certificate (mutual TLS)."""
+    server_name_override: str | None = None
+    """Clients only: expected server name when it differs from the address host (tests)."""
+
+    @property
+    def enabled(self) -> bool:
+        """True when any TLS material is configured."""
+        return any((self.cert_file, self.key_file, self.ca_file))
+
+
+class RpcConfig(_Model):
+    """gRPC settings shared by the services, the admin client and the CLI."""
+
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    """Transport security; plaintext when nothing is set."""
+    auth_token: SecretStr | None = None
+    """Bearer token every gRPC call must carry (``authorization`` metadata); none disables the check."""
+    connect_backoff_max_s: float = Field(default=10.0, gt=0)
+    """Longest wait between reconnect attempts of a control stream."""
+
+
 class WrapperConfig(_Model):
     """Tuning of the wrapper service (source side)."""
 
@@ -144,6 +175,12 @@ class WrapperConfig(_Model):
     ``message.max.bytes``; must exceed the largest source record plus envelope overhead."""
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     """Budget for flushing staging writes and committing on SIGTERM."""
+    listen_address: str = "[::]:7450"
+    """gRPC listen address of the wrapper (health, reflection, status)."""
+    deduper_addresses: list[str] = Field(default_factory=list)
+    """Control services of the flow's dedupers (host:port); empty disables the control link."""
+    progress_interval_s: float = Field(default=2.0, gt=0)
+    """How often source progress is sent over the control link."""
 
 
 class DeduperConfig(_Model):
@@ -175,6 +212,14 @@ class DeduperConfig(_Model):
     """Compression of destination batches."""
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
     """Producer ``message.max.bytes``; the destination topic's own limit still applies."""
+    listen_address: str = "[::]:7460"
+    """gRPC listen address of the deduper (control service, health, reflection, status)."""
+    watermark_interval_s: float = Field(default=1.0, gt=0)
+    """How often committed watermarks are sent to connected wrappers."""
+    backpressure_max_staging_lag: int = Field(default=200_000, ge=1)
+    """Pause wrappers when this many staging records wait to be deduplicated."""
+    resend_retry_s: float = Field(default=10.0, gt=0)
+    """Ask again for a gap's records if they have not arrived after this long."""
 
     @field_validator("instance_id")
     @classmethod
@@ -195,6 +240,8 @@ class FerrymanConfig(_Model):
     """Wrapper tuning."""
     deduper: DeduperConfig = Field(default_factory=DeduperConfig)
     """Deduper tuning."""
+    rpc: RpcConfig = Field(default_factory=RpcConfig)
+    """gRPC transport security and authentication."""
 
     @model_validator(mode="after")
     def _check_aliases(self) -> FerrymanConfig:

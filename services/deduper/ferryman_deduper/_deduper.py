@@ -159,10 +159,12 @@ class Deduper:
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                # Positions are set explicitly on assignment; an out-of-range
-                # committed offset means staging retention deleted envelopes
-                # we never processed: an error, not a silent jump.
-                "auto.offset.reset": "error",
+                # Positions are set explicitly on assignment. If a committed
+                # position has left the log (staging retention or a deletion
+                # ran ahead of us) we restart at the log start: the envelope
+                # chain then shows exactly which source records are missing,
+                # and they are reported as a gap and held, never skipped.
+                "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
             }
         )
@@ -286,11 +288,6 @@ class Deduper:
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
                 return
-            if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                raise FerrymanError(
-                    f"staging partition {sp}: the committed position is no longer in the log ({err.str()}); "
-                    "staging retention deleted envelopes that were never deduplicated"
-                )
             if err.fatal():
                 raise KafkaOperationError("staging consumer", KafkaException(err))
             _log.warning("staging consumer: %s", err)

@@ -45,12 +45,6 @@ class SpecPublisher:
         self.refresh(names)
         return sorted(self.published.keys() & set(names))
 
-    def ensure_partition(self, topic: str, partition: int) -> None:
-        """Make sure the published spec of topic covers partition (growth)."""
-        spec = self.published.get(topic)
-        if spec is None or partition >= spec.partitions:
-            self.refresh([topic])
-
     def refresh(self, names: list[str]) -> None:
         """Describe names at the source and publish every spec that changed."""
         infos = topics.describe_topics(self.source_admin, names, self.timeout_s)

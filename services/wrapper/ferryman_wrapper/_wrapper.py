@@ -23,6 +23,7 @@ from typing import Any, cast
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
+    OFFSET_INVALID,
     Consumer,
     KafkaError,
     KafkaException,
@@ -316,7 +317,13 @@ class Wrapper:
         positions = self._tracker.commit_positions(keys)
         if not positions:
             return
-        offsets = [TopicPartition(k.topic, k.partition, nxt) for k, nxt in positions.items()]
+        # The topic id rides along as commit metadata: after a source topic is
+        # deleted and re-created, old offsets are recognised as meaningless.
+        offsets = [
+            TopicPartition(k.topic, k.partition, nxt, metadata=self._sources[k].topic_id.hex())
+            for k, nxt in positions.items()
+            if k in self._sources
+        ]
         try:
             retry_retriable(
                 lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
@@ -380,13 +387,25 @@ class Wrapper:
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
             return
-        for tp in partitions:
-            self._specs.ensure_partition(tp.topic, tp.partition)
+        # Describe the assigned topics afresh: a topic deleted and re-created
+        # since we last looked has a new id, and envelopes must carry it.
+        self._specs.refresh(sorted({tp.topic for tp in partitions}))
         committed = retry_retriable(
             lambda: consumer.committed(partitions, timeout=_ADMIN_TIMEOUT_S),
             what="reading committed source offsets",
             budget_s=_ADMIN_TIMEOUT_S * 2,
         )
+        for tp in committed:
+            topic_id = self._specs.published[tp.topic].topic_id
+            if tp.offset >= 0 and tp.metadata and tp.metadata != topic_id.hex():
+                _log.error(
+                    "source topic %s was re-created (topic id changed): its committed offset %d in partition %d "
+                    "belongs to the old topic and is ignored",
+                    tp.topic,
+                    tp.offset,
+                    tp.partition,
+                )
+                tp.offset = OFFSET_INVALID
         missing = [PartitionKey(tp.topic, tp.partition) for tp in committed if tp.offset < 0]
         watermarks = self._deduper_watermarks(missing) if missing else {}
         start: list[TopicPartition] = []
@@ -432,7 +451,10 @@ class Wrapper:
         out: dict[PartitionKey, int] = {}
         for recs in records.values():
             for key, st in decode_watermarks(recs, self._cluster_id).items():
-                if key in keys and st.watermark >= 0:
+                spec = self._specs.published.get(key.topic)
+                # A watermark of an earlier incarnation of the topic says nothing about this one.
+                same_topic = spec is not None and (not st.topic_id or st.topic_id == spec.topic_id)
+                if key in keys and st.watermark >= 0 and same_topic:
                     out[key] = st.watermark
         return out
 

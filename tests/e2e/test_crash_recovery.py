@@ -1,0 +1,134 @@
+"""kill -9 of the wrapper and the deduper mid-stream, fencing of a second deduper with the same identity."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all
+from tests.helpers.services import ServiceProcess, flow_config, write_config
+
+pytestmark = pytest.mark.e2e
+
+PARTITIONS = 4
+
+
+class SequenceProducer(threading.Thread):
+    """Produces f"{topic}:{partition}:{i}" to every partition at a steady rate until done."""
+
+    def __init__(self, bootstrap: str, topics: list[str], per_partition: int, rate_per_s: float) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.per_partition = per_partition
+        self.rate_per_s = rate_per_s
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 10})
+            started = time.monotonic()
+            sent = 0
+            for i in range(self.per_partition):
+                for t in self.topics:
+                    for part in range(PARTITIONS):
+                        p.produce(t, value=f"{t}:{part}:{i}".encode(), key=f"k{i % 97}".encode(), partition=part)
+                        sent += 1
+                # Pace the stream so the kills land mid-stream.
+                ahead = sent / self.rate_per_s - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+                p.poll(0)
+            assert p.flush(60) == 0
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_kill_9_wrapper_and_deduper_three_times_each(
+    source_cluster, destination_cluster, unique_name, tmp_path: Path
+) -> None:
+    rng = random.Random(20261122)
+    topics = [unique_name(f"crash{i}") for i in range(2)]
+    for t in topics:
+        create_topic(source_cluster.bootstrap_servers, t, PARTITIONS)
+    cfg = write_config(
+        tmp_path / "f.yaml",
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=unique_name("flow"),
+            topics=topics,
+        ),
+    )
+    producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=6000, rate_per_s=2500)
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        deduper.wait_for_log("assigned staging partitions", 60)
+        producer.start()
+        kills = ["wrapper", "deduper"] * 3
+        rng.shuffle(kills)
+        for victim in kills:
+            time.sleep(rng.uniform(1.0, 2.5))  # random moment mid-stream, by design
+            assert producer.is_alive(), "the stream ended before every kill happened: slow the producer"
+            proc = wrapper if victim == "wrapper" else deduper
+            assert proc.alive, proc.output()[-3000:]
+            proc.kill9()
+            proc.start()
+        producer.join(120)
+        assert producer.error is None, producer.error
+        for t in topics:
+            src = read_all(source_cluster.bootstrap_servers, t)
+            expected = sum(len(v) for v in src.values())
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{t}", expected=expected, timeout_s=240)
+            assert_exact_copy(src, dst)
+        assert wrapper.starts == 4
+        assert deduper.starts == 4
+        assert wrapper.terminate() == 0
+        assert deduper.terminate() == 0
+    finally:
+        wrapper.stop()
+        deduper.stop()
+
+
+def test_second_deduper_with_same_identity_is_fenced(
+    source_cluster, destination_cluster, unique_name, tmp_path: Path
+) -> None:
+    topic = unique_name("fence")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    cfg = write_config(
+        tmp_path / "f.yaml",
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=unique_name("flow"),
+            topics=[topic],
+        ),
+    )
+    producer = SequenceProducer(source_cluster.bootstrap_servers, [topic], per_partition=4000, rate_per_s=2000)
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    first = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "same"]).start()
+    second = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "same"])
+    try:
+        first.wait_for_log("assigned staging partitions", 60)
+        producer.start()
+        time.sleep(2.0)  # let the first instance commit some transactions mid-stream
+        second.start()
+        assert first.wait_exit(90) == 3, first.output()[-3000:]
+        assert "fenced" in first.output().lower()
+        producer.join(120)
+        assert producer.error is None
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        expected = sum(len(v) for v in src.values())
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=180)
+        assert_exact_copy(src, dst)
+        assert second.alive
+    finally:
+        wrapper.stop()
+        first.stop()
+        second.stop()

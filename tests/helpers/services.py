@@ -1,0 +1,134 @@
+"""Run the Ferryman services as real processes, the way a user runs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BIN = Path(sys.executable).parent
+
+
+def write_config(path: Path, data: Mapping[str, Any]) -> Path:
+    """Write a YAML Ferryman configuration and return its path."""
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
+    return path
+
+
+def flow_config(
+    *,
+    source_bootstrap: str,
+    destination_bootstrap: str,
+    flow: str,
+    topics: Sequence[str],
+    staging_partitions: int = 6,
+    naming: Mapping[str, Any] | None = None,
+    wrapper: Mapping[str, Any] | None = None,
+    deduper: Mapping[str, Any] | None = None,
+    extra_flow: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A one-flow configuration with test-friendly (fast) tuning."""
+    flow_data: dict[str, Any] = {
+        "name": flow,
+        "source": "src",
+        "target": "dst",
+        "topics": list(topics),
+        "staging_partitions": staging_partitions,
+        "naming": dict(naming or {"policy": "prefix"}),
+    }
+    flow_data.update(extra_flow or {})
+    return {
+        "clusters": {
+            "src": {"bootstrap_servers": source_bootstrap},
+            "dst": {"bootstrap_servers": destination_bootstrap},
+        },
+        "flows": [flow_data],
+        # Short intervals so tests see progress quickly.
+        "wrapper": {"commit_interval_ms": 200, "topic_refresh_interval_s": 2.0, **dict(wrapper or {})},
+        "deduper": {"transaction_interval_ms": 200, "transaction_timeout_ms": 20000, **dict(deduper or {})},
+    }
+
+
+@dataclass
+class ServiceProcess:
+    """One ferryman-wrapper or ferryman-deduper process with its log file."""
+
+    kind: str
+    config: Path
+    log_dir: Path
+    args: Sequence[str] = ()
+    env: Mapping[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self) -> ServiceProcess:
+        """Start (or restart) the process."""
+        self.starts += 1
+        log = self.log_dir / f"{self.kind}-{'-'.join(self.args) or 'x'}-{self.starts}.log".replace("/", "_")
+        self.logs.append(log)
+        env = dict(os.environ)
+        env.update(self.env or {})
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(BIN / f"ferryman-{self.kind}"), "--config", str(self.config), *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait for a drained exit; return the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """Wait for the process to exit on its own."""
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        """All log output of every start so far."""
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def wait_for_log(self, needle: str, timeout_s: float = 60.0) -> None:
+        """Wait until the current log contains needle."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.logs and needle in self.logs[-1].read_text(errors="replace"):
+                return
+            if not self.alive:
+                break
+            time.sleep(0.1)  # polling a log file: nothing to block on
+        raise AssertionError(f"{self.kind} did not log {needle!r}; output:\n{self.output()[-4000:]}")
+
+    def stop(self) -> None:
+        """Best-effort cleanup for fixtures."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.terminate(30)
+            except subprocess.TimeoutExpired:
+                self.kill9()

@@ -1,0 +1,204 @@
+"""Flow lifecycle on real clusters: growth, re-created topics, bad staging shape, lost offsets, seed config, gaps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.services import BIN, ServiceProcess, flow_config, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, start: int, count: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for i in range(start, start + count):
+        for part in range(partitions):
+            p.produce(topic, value=f"{topic}:{part}:{i}".encode(), partition=part)
+    assert p.flush(30) == 0
+
+
+def _config(tmp_path: Path, source_cluster, destination_cluster, flow: str, topics: list[str], **kw: object) -> Path:
+    return write_config(
+        tmp_path / f"{flow}.yaml",
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=flow,
+            topics=topics,
+            **kw,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def _count(recs: dict[int, list[object]]) -> int:
+    return sum(len(v) for v in recs.values())
+
+
+def test_new_topics_and_partition_growth_are_followed(source_cluster, destination_cluster, unique_name, tmp_path):
+    prefix = unique_name("grow")
+    first = f"{prefix}-a"
+    create_topic(source_cluster.bootstrap_servers, first, 2)
+    _produce(source_cluster.bootstrap_servers, first, 2, 0, 100)
+    cfg = _config(tmp_path, source_cluster, destination_cluster, unique_name("flow"), [f"{prefix}-.*"])
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
+        # A new topic matching the pattern, and two more partitions on the first one.
+        second = f"{prefix}-b"
+        create_topic(source_cluster.bootstrap_servers, second, 3)
+        _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
+        admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
+        admin.create_partitions([NewPartitions(first, 4)])[first].result(30)
+        wait_until(lambda: len(admin.list_topics(first, timeout=10).topics[first].partitions) == 4, timeout_s=30)
+        _produce(source_cluster.bootstrap_servers, first, 4, 100, 100)
+        for topic in (first, second):
+            src = read_all(source_cluster.bootstrap_servers, topic)
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=_count(src), timeout_s=120)
+            assert_exact_copy(src, dst)
+        dadmin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+        assert len(dadmin.list_topics(f"src.{first}", timeout=10).topics[f"src.{first}"].partitions) == 4
+    finally:
+        wrapper.stop()
+        deduper.stop()
+
+
+def test_recreated_source_topic_is_noticed_and_replicated(source_cluster, destination_cluster, unique_name, tmp_path):
+    topic = unique_name("recreate")
+    create_topic(source_cluster.bootstrap_servers, topic, 2)
+    _produce(source_cluster.bootstrap_servers, topic, 2, 0, 100)
+    cfg = _config(tmp_path, source_cluster, destination_cluster, unique_name("flow"), [topic])
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=200, timeout_s=90)
+        assert wrapper.terminate() == 0
+        admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
+        admin.delete_topics([topic])[topic].result(30)
+        wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, timeout_s=30)
+        create_topic(source_cluster.bootstrap_servers, topic, 2)
+        _produce(source_cluster.bootstrap_servers, topic, 2, 1000, 30)  # offsets restart at 0
+        wrapper.start()
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=260, timeout_s=90)
+        values = sorted(r.value for recs in dst.values() for r in recs if r.value)
+        assert len(values) == 260 == len(set(values))
+        deduper.wait_for_log("was re-created", 30)
+    finally:
+        wrapper.stop()
+        deduper.stop()
+
+
+def test_staging_topic_with_wrong_shape_fails_fast(source_cluster, destination_cluster, unique_name, tmp_path):
+    flow = unique_name("flow")
+    create_topic(destination_cluster.bootstrap_servers, f"ferryman.{flow}.staging.internal", 3)
+    cfg = _config(tmp_path, source_cluster, destination_cluster, flow, ["nothing"], staging_partitions=6)
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    assert wrapper.wait_exit(60) == 1
+    out = wrapper.output()
+    assert "has 3 partitions but the flow is configured for 6" in out
+    assert "Traceback" not in out
+
+
+def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
+    source_cluster, destination_cluster, unique_name, tmp_path
+):
+    topic = unique_name("lost")
+    create_topic(source_cluster.bootstrap_servers, topic, 2)
+    _produce(source_cluster.bootstrap_servers, topic, 2, 0, 200)
+    flow = unique_name("flow")
+    cfg = _config(tmp_path, source_cluster, destination_cluster, flow, [topic])
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=400, timeout_s=90)
+        assert wrapper.terminate() == 0
+        admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
+        group = f"ferryman-wrapper.{flow}"
+        admin.delete_consumer_groups([group])[group].result(30)
+        _produce(source_cluster.bootstrap_servers, topic, 2, 200, 50)
+        wrapper.start()
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
+        assert_exact_copy(src, dst)
+        wrapper.wait_for_log("has no committed offset", 30)
+        assert "duplicates_dropped=0" in deduper.output() or deduper.alive
+    finally:
+        wrapper.stop()
+        deduper.stop()
+
+
+def test_kafka_reo_environment_variables_are_a_complete_configuration(
+    source_cluster, destination_cluster, unique_name, tmp_path
+):
+    src_topic = unique_name("reo-src")
+    dst_topic = unique_name("reo-dst")
+    create_topic(source_cluster.bootstrap_servers, src_topic, 2)
+    _produce(source_cluster.bootstrap_servers, src_topic, 2, 0, 100)
+    env = {
+        "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS": source_cluster.bootstrap_servers,
+        "KAFKA_CLUSTERS_SOURCE_TOPIC": src_topic,
+        "KAFKA_CLUSTERS_DESTINATION_BOOTSTRAP_SERVERS": destination_cluster.bootstrap_servers,
+        "KAFKA_CLUSTERS_DESTINATION_TOPIC": dst_topic,
+        "APPLICATION_NAME": unique_name("app"),
+        "FERRYMAN_DEDUPER__INSTANCE_ID": "reo1",
+    }
+    procs = []
+    try:
+        for kind in ("wrapper", "deduper"):
+            log = (tmp_path / f"{kind}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / f"ferryman-{kind}")],
+                    env={**os.environ, **env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        src = read_all(source_cluster.bootstrap_servers, src_topic)
+        dst = read_all(destination_cluster.bootstrap_servers, dst_topic, expected=200, timeout_s=90)
+        assert_exact_copy(src, dst)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(60)
+
+
+def test_gap_in_staging_is_reported_and_held_not_skipped(source_cluster, destination_cluster, unique_name, tmp_path):
+    topic = unique_name("gap")
+    create_topic(source_cluster.bootstrap_servers, topic, 1)
+    flow = unique_name("flow")
+    # One record per envelope, so deleting staging records removes whole source records.
+    cfg = _config(
+        tmp_path,
+        source_cluster,
+        destination_cluster,
+        flow,
+        [topic],
+        staging_partitions=1,
+        wrapper={"envelope_max_records": 1},
+    )
+    _produce(source_cluster.bootstrap_servers, topic, 1, 0, 50)
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    staging = f"ferryman.{flow}.staging.internal"
+    dadmin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+    try:
+        wait_until(lambda: _count(read_all(destination_cluster.bootstrap_servers, staging)) == 50, timeout_s=60)
+        # Plant a gap: the first 20 envelopes vanish before the deduper ever read them.
+        dadmin.delete_records([TopicPartition(staging, 0, 20)])[TopicPartition(staging, 0, 20)].result(30)
+        deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+        try:
+            deduper.wait_for_log("GAP in source partition", 60)
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}")
+            # Nothing after the hole was written: the partition is held, not skipped ahead.
+            assert _count(dst) == 0
+        finally:
+            deduper.stop()
+    finally:
+        wrapper.stop()
