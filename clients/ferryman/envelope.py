@@ -117,6 +117,16 @@ def decode(data: bytes | None) -> DecodedEnvelope:
         env.ParseFromString(data)
     except DecodeError as exc:
         raise EnvelopeError(f"staging record is not an envelope: {exc}") from exc
+    return verify(env)
+
+
+def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
+    """Verify the checksum of a parsed envelope and parse its records.
+
+    Raises:
+        EnvelopeError: the envelope holds no records or they do not parse.
+        CorruptEnvelopeError: the checksum does not match.
+    """
     if zlib.crc32(env.records) != env.records_crc32:
         raise CorruptEnvelopeError(
             f"checksum mismatch in envelope for {env.source.topic}-{env.source.partition} "

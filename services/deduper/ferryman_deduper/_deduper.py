@@ -25,6 +25,7 @@ transactional.id stops this process.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -48,14 +49,21 @@ from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOper
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
-from ferryman.v1 import envelope_pb2, state_pb2
+from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
+from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatusServicer
 from ferryman_deduper._decide import PartitionState, Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
 
 _log = logging.getLogger(__name__)
 
 _ADMIN_TIMEOUT_S = 30.0
+#: Time given to in-flight RPCs when the gRPC server stops at shutdown.
+_GRPC_GRACE_S = 5.0
+#: Consecutive failed commits after which wrappers are told to pause.
+_UNAVAILABLE_AFTER_FAILURES = 2
+_SERVICE_NAMES = ("ferryman.v1.ControlService", "ferryman.v1.DeduperService")
 #: How often destination topics are re-synced with the source specs, so that
 #: partition growth shows up even before the first record of a new partition.
 _SPEC_SYNC_INTERVAL_S = 10.0
@@ -74,6 +82,16 @@ class _Slice:
 
 
 @dataclass
+class _Gap:
+    """Source records a partition is waiting for."""
+
+    source: envelope_pb2.SourcePartition
+    missing_from: int
+    missing_to: int
+    requested_at: float = 0.0
+
+
+@dataclass
 class DeduperStats:
     """Counters since start (also logged at shutdown)."""
 
@@ -87,6 +105,7 @@ class DeduperStats:
     transactions_committed: int = 0
     transactions_aborted: int = 0
     producer_rebuilds: int = 0
+    gaps_healed: int = 0
 
 
 class Deduper:
@@ -97,8 +116,17 @@ class Deduper:
     if the commit fails) and close its clients, in that order.
     """
 
-    def __init__(self, config: FerrymanConfig, flow: FlowConfig, *, instance_id: str | None = None) -> None:
+    def __init__(
+        self,
+        config: FerrymanConfig,
+        flow: FlowConfig,
+        *,
+        instance_id: str | None = None,
+        listen_address: str | None = None,
+    ) -> None:
         self._flow = flow
+        self._rpc = config.rpc
+        self._listen_address = listen_address or config.deduper.listen_address
         self._dc = config.deduper
         self.instance_id = instance_id or self._dc.instance_id
         self._names = FlowNames.of(flow, wrapper_group=config.wrapper.group_id, deduper_group=self._dc.group_id)
@@ -117,7 +145,10 @@ class Deduper:
         self._slices: list[_Slice] = []
         self._next_offsets: dict[int, int] = {}
         self._owned: set[int] = set()
-        self._gapped: dict[PartitionKey, tuple[int, int]] = {}
+        self._gaps: dict[PartitionKey, _Gap] = {}
+        self._hub: ControlHub | None = None
+        self._next_watermarks = 0.0
+        self._commit_failures = 0
         self._txn_open = False
         self._txn_started = 0.0
         self._txn_records = 0
@@ -211,7 +242,38 @@ class Deduper:
         self._stop.set()
 
     def run(self) -> None:
-        """Deduplicate until shutdown(); raises FerrymanError on unrecoverable errors."""
+        """Deduplicate until shutdown(); raises FerrymanError on unrecoverable errors.
+
+        The gRPC server starts first (health NOT_SERVING until the Kafka side
+        is up). Drain order on shutdown: health NOT_SERVING, stop consuming,
+        commit (or abort) the open transaction, close the Kafka clients, stop
+        the gRPC server.
+        """
+        self._hub = ControlHub(self.instance_id, self._flow.name)
+        self._server = build_server(
+            listen_address=self._listen_address,
+            rpc=self._rpc,
+            register=[
+                lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self._hub), s),  # type: ignore[arg-type]
+                lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(DeduperStatusServicer(self.status), s),
+            ],
+            service_names=_SERVICE_NAMES,
+            interceptors=default_server_interceptors(self._rpc),
+        )
+        self._server.start()
+        _log.info("deduper gRPC server listening on port %d", self._server.port)
+        try:
+            self._run_kafka()
+        finally:
+            self._server.stop(_GRPC_GRACE_S)
+
+    @property
+    def port(self) -> int:
+        """Bound gRPC port (after run() started the server)."""
+        return self._server.port
+
+    def _run_kafka(self) -> None:
+        assert self._hub is not None
         admin = AdminClient(self._client_conf("admin"))
         self._ensure_topics(admin)
         self._destinations = DestinationTopics(
@@ -236,10 +298,14 @@ class Deduper:
         self._consumer.subscribe(
             [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+        for name in _SERVICE_NAMES:
+            self._server.set_serving(name, True)
         try:
             self._loop()
+            self._server.begin_drain()
             self._commit("shutdown")
         finally:
+            self._server.begin_drain()
             self._close()
 
     def _loop(self) -> None:
@@ -261,6 +327,96 @@ class Deduper:
             if now >= next_sync:
                 self._destinations.sync_all()
                 next_sync = now + _SPEC_SYNC_INTERVAL_S
+            self._control_tick(now)
+
+    # ---------------------------------------------------------- control link
+    def _control_tick(self, now: float) -> None:
+        """Serve the control link from the loop thread (the only thread touching Kafka)."""
+        hub = self._hub
+        assert hub is not None
+        while True:
+            try:
+                spec = hub.specs.get_nowait()
+            except queue.Empty:
+                break
+            self._destinations.add_spec(spec)
+        while True:
+            try:
+                answer = hub.resent.get_nowait()
+            except queue.Empty:
+                break
+            if answer.error:
+                _log.error("resend request %d could not be served: %s", answer.request_id, answer.error)
+            for env_msg in answer.envelopes:
+                self._process_resent(env_msg)
+        for gap in self._gaps.values():
+            if now - gap.requested_at >= self._dc.resend_retry_s:
+                request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to)
+                if request_id is not None:
+                    gap.requested_at = now
+                    _log.warning(
+                        "asked for source records %s-%d %d..%d again (request %d)",
+                        gap.source.topic,
+                        gap.source.partition,
+                        gap.missing_from,
+                        gap.missing_to,
+                        request_id,
+                    )
+        if now >= self._next_watermarks:
+            self._next_watermarks = now + self._dc.watermark_interval_s
+            hub.broadcast(control_pb2.ConnectResponse(watermarks=control_pb2.Watermarks(partitions=self._watermarks())))
+            self._update_backpressure(hub)
+
+    def _watermarks(self) -> list[control_pb2.PartitionWatermark]:
+        assert self._hub is not None
+        out = []
+        for key, st in sorted(self._committed.items()):
+            log_end = self._hub.log_end_offset(key)
+            lag = max(0, log_end - (st.watermark + 1)) if log_end is not None else -1
+            out.append(
+                control_pb2.PartitionWatermark(
+                    topic=key.topic, partition=key.partition, watermark=st.watermark, lag=lag
+                )
+            )
+        return out
+
+    def _staging_lag(self) -> int:
+        tps = [TopicPartition(self._names.staging_topic, sp) for sp in sorted(self._owned)]
+        if not tps:
+            return 0
+        lag = 0
+        for tp in self._consumer.position(tps):
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                lag += max(0, high - tp.offset)
+        return lag
+
+    def _update_backpressure(self, hub: ControlHub) -> None:
+        if self._commit_failures >= _UNAVAILABLE_AFTER_FAILURES:
+            hub.set_backpressure(True, f"destination cluster unavailable ({self._commit_failures} failed commits)")
+            return
+        lag = self._staging_lag()
+        limit = self._dc.backpressure_max_staging_lag
+        if lag > limit:
+            hub.set_backpressure(True, f"staging is {lag} envelopes ahead of the deduper (limit {limit})")
+        elif lag <= limit // 2:
+            hub.set_backpressure(False, "caught up")
+
+    def status(self) -> control_pb2.GetDeduperStatusResponse:
+        """Snapshot for DeduperService.GetDeduperStatus (called from gRPC threads)."""
+        st = self.stats
+        return control_pb2.GetDeduperStatusResponse(
+            deduper_id=self.instance_id,
+            flow=self._flow.name,
+            records_written=st.records_written,
+            duplicates_dropped=st.duplicates_dropped,
+            gaps_detected=st.gaps_detected,
+            gaps_healed=st.gaps_healed,
+            transactions_committed=st.transactions_committed,
+            transactions_aborted=st.transactions_aborted,
+            partitions=self._watermarks() if self._hub is not None else [],
+            connected_wrappers=self._hub.connected_wrappers() if self._hub is not None else [],
+        )
 
     def _close(self) -> None:
         try:
@@ -320,6 +476,26 @@ class Deduper:
                 f"envelope of {key} found on staging partition {sp}, expected {expected_sp}: a wrapper with a "
                 f"different staging_partitions setting wrote to {self._names.staging_topic}"
             )
+        self._apply(key, env, resent=False)
+
+    def _process_resent(self, env_msg: envelope_pb2.Envelope) -> None:
+        """An envelope that came over the control link in answer to a resend request."""
+        try:
+            env = envelope.verify(env_msg)
+        except EnvelopeError as exc:
+            self.stats.bad_envelopes += 1
+            _log.error("resent envelope rejected: %s", exc)
+            return
+        key = PartitionKey(env.source.topic, env.source.partition)
+        sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
+        if sp not in self._owned:
+            return  # another deduper owns it now; it will ask again
+        self._begin()
+        self._apply(key, env, resent=True)
+
+    def _apply(self, key: PartitionKey, env: envelope.DecodedEnvelope, *, resent: bool) -> None:
+        """Decide on one envelope and act on the verdict (inside the open transaction)."""
+        src = env.source
         state = self._pending.get(key) or self._committed.get(key)
         d = decide(
             state, src.topic_id, env.previous_offset, env.records, on_topic_recreated=self._flow.on_topic_recreated
@@ -340,26 +516,41 @@ class Deduper:
         verdict = d.verdict
         if verdict is Verdict.ACCEPT:
             self._write(key, src, env.records, d.start)
-            if key in self._gapped:
-                _log.warning("gap in %s closed: records %d..%d arrived", key, *self._gapped.pop(key))
+            gap = self._gaps.pop(key, None)
+            if gap is not None:
+                if resent:
+                    self.stats.gaps_healed += 1
+                _log.warning(
+                    "gap in %s closed: records %d..%d arrived %s",
+                    key,
+                    gap.missing_from,
+                    gap.missing_to,
+                    "over the control link (resend)" if resent else "through staging",
+                )
         elif verdict is Verdict.DUPLICATE:
             self.stats.duplicates_dropped += len(env.records)
         elif verdict is Verdict.GAP:
             self.stats.gaps_detected += 1
-            gap = (d.missing_from, d.missing_to)
-            if self._gapped.get(key) != gap:
-                self._gapped[key] = gap
-                _log.error(
-                    "GAP in source partition %s: have up to offset %d, next envelope follows offset %d; "
-                    "records %d..%d have not arrived. Holding the partition until they do (not skipping).",
-                    key,
-                    d.missing_from - 1,
-                    d.missing_to,
-                    d.missing_from,
-                    d.missing_to,
-                )
+            self._note_gap(key, src, d.missing_from, max(d.missing_to, env.last_offset))
         elif verdict is Verdict.STALE_TOPIC:
             self.stats.stale_topic_envelopes += 1
+
+    def _note_gap(self, key: PartitionKey, src: envelope_pb2.SourcePartition, missing_from: int, upto: int) -> None:
+        gap = self._gaps.get(key)
+        if gap is None or gap.missing_from != missing_from:
+            self._gaps[key] = _Gap(src, missing_from, upto)
+            _log.error(
+                "GAP in source partition %s: have up to offset %d, the next envelope follows offset %d; records "
+                "%d..%d have not arrived. Holding the partition until they do (not skipping)%s.",
+                key,
+                missing_from - 1,
+                upto,
+                missing_from,
+                upto,
+                "; asking the wrapper to resend them" if self._hub is not None else "",
+            )
+        else:
+            gap.missing_to = max(gap.missing_to, upto)
 
     def _write(
         self,
@@ -452,8 +643,10 @@ class Deduper:
                         budget_s=budget,
                     )
         except (KafkaException, KafkaOperationError) as exc:
+            self._commit_failures += 1
             self._recover(exc, f"commit ({reason})")
             return
+        self._commit_failures = 0
         for key, st in self._pending.items():
             self._committed[key] = st
         self._clear_transaction()
@@ -571,7 +764,7 @@ class Deduper:
     def _rewind(self, partitions: set[int] | None = None) -> None:
         """Drop the open transaction's work and resume owned partitions from their last commit."""
         self._clear_transaction()
-        self._gapped.clear()
+        self._gaps.clear()
         parts = set(self._owned) if partitions is None else partitions
         if not parts:
             return

@@ -90,6 +90,14 @@ class DestinationTopics:
             spec.ParseFromString(value)
             self._specs[(spec.cluster_id, spec.topic)] = spec
 
+    def add_spec(self, spec: state_pb2.TopicSpec) -> None:
+        """Take a spec received over the control link; create or grow its topic now."""
+        ident = (spec.cluster_id, spec.topic)
+        self._specs[ident] = spec
+        ready = self._ready.get(ident)
+        if ready is None or ready.partitions < spec.partitions:
+            self._materialize(spec, min_partitions=spec.partitions)
+
     def sync_all(self) -> None:
         """Create or grow the destination topic of every known spec (partition growth)."""
         self.load_specs()

@@ -12,10 +12,13 @@ from ferryman_deduper._deduper import Deduper
 
 
 def _build(config: FerrymanConfig, flow: FlowConfig, args: argparse.Namespace) -> Service:
-    return Deduper(config, flow, instance_id=args.instance_id)
+    return Deduper(config, flow, instance_id=args.instance_id, listen_address=args.listen)
 
 
 def _add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen", default=None, help="gRPC listen address host:port (default deduper.listen_address, [::]:7460)"
+    )
     parser.add_argument(
         "--instance-id",
         default=None,

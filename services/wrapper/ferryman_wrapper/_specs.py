@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import Producer
@@ -38,6 +39,7 @@ class SpecPublisher:
 
     def __post_init__(self) -> None:
         self.published: dict[str, state_pb2.TopicSpec] = {}
+        self.on_change: Callable[[list[state_pb2.TopicSpec]], None] | None = None
 
     def discover(self) -> list[str]:
         """Selected source topics now; publishes specs of new or changed ones."""
@@ -98,3 +100,5 @@ class SpecPublisher:
                 spec.partitions,
                 dict(spec.configs) or "{}",
             )
+        if self.on_change is not None:
+            self.on_change(changed)

@@ -17,9 +17,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import grpc
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -32,14 +33,16 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from ferryman import envelope, topics
+from ferryman import envelope, protocol, topics
 from ferryman.client_config import base_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
-from ferryman.v1 import envelope_pb2
+from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+from ferryman_wrapper._control import ControlLink, ResendWorker
 
 from ferryman_wrapper._envelopes import build_envelopes
 from ferryman_wrapper._progress import ProgressTracker
@@ -52,6 +55,22 @@ _ADMIN_TIMEOUT_S = 30.0
 #: Staging records are kept a week by default: longer than any deduper outage
 #: we plan for, and long enough for an audit to look back.
 _STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
+#: Time given to in-flight RPCs when the gRPC server stops at shutdown.
+_GRPC_GRACE_S = 5.0
+_SERVICE_NAME = "ferryman.v1.WrapperService"
+
+
+class WrapperStatusServicer(control_pb2_grpc.WrapperServiceServicer):
+    """``ferryman.v1.WrapperService``: status for operators and tools."""
+
+    def __init__(self, status: Callable[[], control_pb2.GetWrapperStatusResponse]) -> None:
+        self._status = status
+
+    def GetWrapperStatus(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.GetWrapperStatusRequest, context: grpc.ServicerContext
+    ) -> control_pb2.GetWrapperStatusResponse:
+        """Snapshot of counters, pause state and partition progress."""
+        return self._status()
 
 
 class Wrapper:
@@ -62,8 +81,16 @@ class Wrapper:
     what was acknowledged and close its clients.
     """
 
-    def __init__(self, config: FerrymanConfig, flow: FlowConfig, *, instance_id: str | None = None) -> None:
+    def __init__(
+        self,
+        config: FerrymanConfig,
+        flow: FlowConfig,
+        *,
+        instance_id: str | None = None,
+        listen_address: str | None = None,
+    ) -> None:
         self._config = config
+        self._listen_address = listen_address or config.wrapper.listen_address
         self._flow = flow
         self._wc = config.wrapper
         self._names = FlowNames.of(flow, wrapper_group=self._wc.group_id, deduper_group=config.deduper.group_id)
@@ -81,6 +108,10 @@ class Wrapper:
         self._topic_ids: dict[str, bytes] = {}
         self._producer_fatal: KafkaError | None = None
         self._fatal: BaseException | None = None
+        self._pause_wanted: tuple[bool, str] = (False, "")
+        self._paused = False
+        self._watermarks: dict[PartitionKey, int] = {}
+        self._links: list[ControlLink] = []
         self.records_sent = 0
         self.envelopes_sent = 0
         self.rewinds = 0
@@ -151,7 +182,35 @@ class Wrapper:
         self._stop.set()
 
     def run(self) -> None:
-        """Replicate until shutdown(); raises FerrymanError on unrecoverable errors."""
+        """Replicate until shutdown(); raises FerrymanError on unrecoverable errors.
+
+        The gRPC server starts first (health NOT_SERVING until the Kafka side
+        is up). Drain order on shutdown: health NOT_SERVING, stop consuming,
+        flush staging writes and commit what was acknowledged, close the
+        control links, stop the gRPC server.
+        """
+        self._server = build_server(
+            listen_address=self._listen_address,
+            rpc=self._config.rpc,
+            register=[
+                lambda s: control_pb2_grpc.add_WrapperServiceServicer_to_server(WrapperStatusServicer(self.status), s)
+            ],
+            service_names=[_SERVICE_NAME],
+            interceptors=default_server_interceptors(self._config.rpc),
+        )
+        self._server.start()
+        _log.info("wrapper gRPC server listening on port %d", self._server.port)
+        try:
+            self._run_kafka()
+        finally:
+            self._server.stop(_GRPC_GRACE_S)
+
+    @property
+    def port(self) -> int:
+        """Bound gRPC port (after run() started the server)."""
+        return self._server.port
+
+    def _run_kafka(self) -> None:
         source_admin = AdminClient(base_config(self._source, f"{self.wrapper_id}-admin"))
         target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
         self._cluster_id = topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S)
@@ -167,6 +226,7 @@ class Wrapper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._consumer = self._make_consumer()
+        self._start_control()
         _log.info(
             "wrapper %s starting: flow %s, source cluster %s, staging %s",
             self.wrapper_id,
@@ -174,9 +234,11 @@ class Wrapper:
             self._cluster_id,
             self._names.staging_topic,
         )
+        self._server.set_serving(_SERVICE_NAME, True)
         try:
             self._loop()
         finally:
+            self._server.begin_drain()
             self._close()
 
     def _subscribe(self, names: list[str]) -> None:
@@ -192,6 +254,7 @@ class Wrapper:
         self._subscribe(self._specs.discover())
         next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
         next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
+        next_progress = 0.0
         timeout = self._wc.poll_timeout_ms / 1000
         while not self._stop.is_set():
             if self._fatal is not None:
@@ -210,6 +273,10 @@ class Wrapper:
             if now >= next_commit:
                 self._commit()
                 next_commit = now + self._wc.commit_interval_ms / 1000
+            self._apply_backpressure()
+            if self._links and now >= next_progress:
+                self._send_progress()
+                next_progress = now + self._wc.progress_interval_s
             if now >= next_refresh:
                 names = self._specs.discover()
                 if names != self._subscribed:
@@ -227,12 +294,114 @@ class Wrapper:
             _log.warning("final commit failed (%s); uncommitted records will be re-sent", exc)
         finally:
             self._consumer.close()
+            for link in self._links:
+                link.stop()
+            if self._links:
+                self._resender.stop()
         _log.info(
             "wrapper %s stopped: %d records in %d envelopes, %d rewinds",
             self.wrapper_id,
             self.records_sent,
             self.envelopes_sent,
             self.rewinds,
+        )
+
+    # ------------------------------------------------------------ control link
+    def _start_control(self) -> None:
+        if not self._wc.deduper_addresses:
+            return
+        self._resender = ResendWorker(
+            consumer_config={
+                **base_config(self._source, f"{self.wrapper_id}-resend"),
+                "group.id": f"{self._names.wrapper_group}.resend",
+            },
+            wrapper_id=self.wrapper_id,
+            max_records=self._wc.envelope_max_records,
+            max_bytes=self._wc.envelope_max_bytes,
+            timeout_s=_ADMIN_TIMEOUT_S,
+            topic_id=lambda t: spec.topic_id if (spec := self._specs.published.get(t)) is not None else None,
+        )
+        self._resender.start()
+        for address in self._wc.deduper_addresses:
+            link = ControlLink(
+                address=address,
+                rpc=self._config.rpc,
+                hello=self._hello,
+                specs=lambda: list(self._specs.published.values()),
+                on_backpressure=self._on_backpressure,
+                on_resend=self._resender.submit,
+                on_watermarks=self._on_watermarks,
+            )
+            link.start()
+            self._links.append(link)
+        self._specs.on_change = self._send_specs
+
+    def _hello(self) -> control_pb2.Hello:
+        return control_pb2.Hello(
+            version=protocol.current_version(),
+            wrapper_id=self.wrapper_id,
+            epoch=self._last_epoch,
+            flow=self._flow.name,
+            source_cluster_id=self._cluster_id,
+        )
+
+    def _send_specs(self, specs: list[state_pb2.TopicSpec]) -> None:
+        msg = control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=specs))
+        for link in self._links:
+            link.send(msg)
+
+    def _on_backpressure(self, paused: bool, reason: str) -> None:
+        self._pause_wanted = (paused, reason)
+
+    def _on_watermarks(self, watermarks: control_pb2.Watermarks) -> None:
+        for w in watermarks.partitions:
+            self._watermarks[PartitionKey(w.topic, w.partition)] = w.watermark
+
+    def _apply_backpressure(self) -> None:
+        """Pause or resume reading the source as the deduper asked (loop thread only)."""
+        paused, reason = self._pause_wanted
+        if paused == self._paused:
+            return
+        assignment = self._consumer.assignment()
+        if paused:
+            self._consumer.pause(assignment)
+            _log.warning("pausing source reads: %s", reason)
+        else:
+            self._consumer.resume(assignment)
+            _log.info("resuming source reads (%s)", reason)
+        self._paused = paused
+
+    def _progress(self) -> list[control_pb2.PartitionProgress]:
+        out = []
+        for key in sorted(self._chain):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(TopicPartition(key.topic, key.partition), cached=True)
+            except KafkaException:
+                high = -1
+            out.append(
+                control_pb2.PartitionProgress(
+                    topic=key.topic, partition=key.partition, log_end_offset=high, last_wrapped_offset=self._chain[key]
+                )
+            )
+        return out
+
+    def _send_progress(self) -> None:
+        msg = control_pb2.ConnectRequest(progress=control_pb2.Progress(partitions=self._progress()))
+        for link in self._links:
+            link.send(msg)
+
+    def status(self) -> control_pb2.GetWrapperStatusResponse:
+        """Snapshot for WrapperService.GetWrapperStatus (called from gRPC threads)."""
+        return control_pb2.GetWrapperStatusResponse(
+            wrapper_id=self.wrapper_id,
+            flow=self._flow.name,
+            records_sent=self.records_sent,
+            envelopes_sent=self.envelopes_sent,
+            rewinds=self.rewinds,
+            paused=self._paused,
+            pause_reason=self._pause_wanted[1] if self._paused else "",
+            control_connected=any(link.connected for link in self._links),
+            resends_served=self._resender.served if self._links else 0,
         )
 
     # ---------------------------------------------------------------- data path
@@ -439,6 +608,8 @@ class Wrapper:
                 start.append(TopicPartition(tp.topic, tp.partition, pos))
                 _log.info("source partition %s is new to the flow: starting at %s", key, self._flow.start_position)
         consumer.incremental_assign(start)
+        if self._paused:
+            consumer.pause(start)
 
     def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
         """Watermarks the deduper committed for keys (empty if it never ran)."""

@@ -12,10 +12,13 @@ from ferryman_wrapper._wrapper import Wrapper
 
 
 def _build(config: FerrymanConfig, flow: FlowConfig, args: argparse.Namespace) -> Service:
-    return Wrapper(config, flow, instance_id=args.instance_id)
+    return Wrapper(config, flow, instance_id=args.instance_id, listen_address=args.listen)
 
 
 def _add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen", default=None, help="gRPC listen address host:port (default wrapper.listen_address, [::]:7450)"
+    )
     parser.add_argument("--instance-id", default=None, help="wrapper identity in envelopes (default host-pid-random)")
 
 

@@ -1,0 +1,206 @@
+"""The deduper's side of the control link: a hub between gRPC streams and the loop.
+
+gRPC handler threads never touch Kafka clients. Inbound messages (topic specs,
+progress, resent envelopes) are queued for the deduper loop; outbound messages
+(watermarks, backpressure, resend requests) are queued per connected wrapper
+and written by that wrapper's stream handler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from ferryman import protocol
+from ferryman.rpc import IncompatiblePeerError
+from ferryman.state import PartitionKey
+from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+
+_log = logging.getLogger(__name__)
+
+#: How long a stream handler waits for an outbound message before checking
+#: whether the client is still there; bounds how long a dead stream lingers.
+_OUTBOUND_POLL_S = 0.5
+
+
+@dataclass
+class _Session:
+    wrapper_id: str
+    outbound: queue.Queue[control_pb2.ConnectResponse] = field(default_factory=queue.Queue)
+
+
+@dataclass(frozen=True)
+class ResentEnvelopes:
+    """Envelopes received in answer to a resend request."""
+
+    request_id: int
+    envelopes: list[envelope_pb2.Envelope]
+    done: bool
+    error: str
+
+
+class ControlHub:
+    """Thread-safe state shared by the control servicer and the deduper loop."""
+
+    def __init__(self, deduper_id: str, flow: str) -> None:
+        self.deduper_id = deduper_id
+        self.flow = flow
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._request_ids = itertools.count(1)
+        self.specs: queue.Queue[state_pb2.TopicSpec] = queue.Queue()
+        self.resent: queue.Queue[ResentEnvelopes] = queue.Queue()
+        self._log_end: dict[PartitionKey, int] = {}
+        self._paused: tuple[bool, str] = (False, "")
+
+    # ---------------------------------------------------------- sessions
+    def open(self, wrapper_id: str) -> _Session:
+        """Register a connected wrapper and tell it the current backpressure state."""
+        session = _Session(wrapper_id)
+        with self._lock:
+            self._sessions[wrapper_id] = session
+            paused, reason = self._paused
+        if paused:
+            session.outbound.put(
+                control_pb2.ConnectResponse(backpressure=control_pb2.Backpressure(paused=True, reason=reason))
+            )
+        _log.info("wrapper %s connected over the control link", wrapper_id)
+        return session
+
+    def close(self, session: _Session) -> None:
+        """Forget a wrapper whose stream ended."""
+        with self._lock:
+            if self._sessions.get(session.wrapper_id) is session:
+                del self._sessions[session.wrapper_id]
+        _log.info("wrapper %s disconnected from the control link", session.wrapper_id)
+
+    def connected_wrappers(self) -> list[str]:
+        """Ids of the wrappers connected now."""
+        with self._lock:
+            return sorted(self._sessions)
+
+    # ---------------------------------------------------------- outbound
+    def broadcast(self, message: control_pb2.ConnectResponse) -> None:
+        """Queue message for every connected wrapper."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            s.outbound.put(message)
+
+    def set_backpressure(self, paused: bool, reason: str) -> bool:
+        """Change the pause state; broadcast and return True if it changed."""
+        with self._lock:
+            if self._paused[0] == paused:
+                return False
+            self._paused = (paused, reason)
+        self.broadcast(control_pb2.ConnectResponse(backpressure=control_pb2.Backpressure(paused=paused, reason=reason)))
+        _log.warning("backpressure: %s wrappers (%s)", "pausing" if paused else "resuming", reason)
+        return True
+
+    def request_resend(self, source: envelope_pb2.SourcePartition, from_offset: int, to_offset: int) -> int | None:
+        """Ask one connected wrapper for source records again; None if none is connected."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        if not sessions:
+            return None
+        request_id = next(self._request_ids)
+        sessions[0].outbound.put(
+            control_pb2.ConnectResponse(
+                resend_request=control_pb2.ResendRequest(
+                    request_id=request_id, source=source, from_offset=from_offset, to_offset=to_offset
+                )
+            )
+        )
+        return request_id
+
+    # ---------------------------------------------------------- inbound
+    def on_progress(self, progress: control_pb2.Progress) -> None:
+        """Record source log-end offsets reported by a wrapper."""
+        with self._lock:
+            for p in progress.partitions:
+                self._log_end[PartitionKey(p.topic, p.partition)] = p.log_end_offset
+
+    def log_end_offset(self, key: PartitionKey) -> int | None:
+        """Last reported source log-end offset of key."""
+        with self._lock:
+            return self._log_end.get(key)
+
+
+class ControlServicer(control_pb2_grpc.ControlServiceServicer):
+    """``ferryman.v1.ControlService``: one Connect stream per wrapper instance."""
+
+    def __init__(self, hub: ControlHub) -> None:
+        self._hub = hub
+
+    def Connect(  # noqa: N802 (gRPC method name)
+        self, request_iterator: Iterator[control_pb2.ConnectRequest], context: grpc.ServicerContext
+    ) -> Iterator[control_pb2.ConnectResponse]:
+        """Handshake, then pump messages both ways until the stream ends."""
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a control stream must be a Hello")
+            return
+        hello = first.hello
+        if not protocol.compatible(hello.version):
+            raise IncompatiblePeerError(
+                f"wrapper {hello.wrapper_id} speaks control protocol {protocol.describe(hello.version)}, this "
+                f"deduper speaks {protocol.describe(protocol.current_version())}: majors must match"
+            )
+        if hello.flow != self._hub.flow:
+            raise IncompatiblePeerError(
+                f"wrapper {hello.wrapper_id} runs flow {hello.flow!r} but this deduper serves {self._hub.flow!r}"
+            )
+        session = self._hub.open(hello.wrapper_id)
+        reader = threading.Thread(
+            target=self._read, args=(request_iterator, session), name=f"control-read-{hello.wrapper_id}", daemon=True
+        )
+        reader.start()
+        try:
+            yield control_pb2.ConnectResponse(
+                welcome=control_pb2.Welcome(
+                    version=protocol.current_version(), deduper_id=self._hub.deduper_id, flows=[self._hub.flow]
+                )
+            )
+            while context.is_active() and reader.is_alive():
+                try:
+                    yield session.outbound.get(timeout=_OUTBOUND_POLL_S)
+                except queue.Empty:
+                    continue
+        finally:
+            self._hub.close(session)
+
+    def _read(self, request_iterator: Iterator[control_pb2.ConnectRequest], session: _Session) -> None:
+        try:
+            for req in request_iterator:
+                kind = req.WhichOneof("kind")
+                if kind == "topic_specs":
+                    for spec in req.topic_specs.specs:
+                        self._hub.specs.put(spec)
+                elif kind == "progress":
+                    self._hub.on_progress(req.progress)
+                elif kind == "resend_data":
+                    d = req.resend_data
+                    self._hub.resent.put(ResentEnvelopes(d.request_id, list(d.envelopes), d.done, d.error))
+        except grpc.RpcError:
+            pass  # the stream ended (client gone); the writer side notices too
+        except Exception:
+            _log.exception("control stream of %s failed", session.wrapper_id)
+
+
+class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
+    """``ferryman.v1.DeduperService``: status for operators and tools."""
+
+    def __init__(self, status: Callable[[], control_pb2.GetDeduperStatusResponse]) -> None:
+        self._status = status
+
+    def GetDeduperStatus(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.GetDeduperStatusRequest, context: grpc.ServicerContext
+    ) -> control_pb2.GetDeduperStatusResponse:
+        """Snapshot of counters, watermarks and connected wrappers."""
+        return self._status()
