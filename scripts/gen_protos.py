@@ -63,8 +63,7 @@ def check() -> int:
         drift += [
             f
             for f in fresh
-            if f in committed
-            and not filecmp.cmp(tmp_root / GEN_PACKAGE / f, OUT_ROOT / GEN_PACKAGE / f, shallow=False)
+            if f in committed and not filecmp.cmp(tmp_root / GEN_PACKAGE / f, OUT_ROOT / GEN_PACKAGE / f, shallow=False)
         ]
     if drift:
         print("generated code is stale; run: python scripts/gen_protos.py", file=sys.stderr)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from ferryman.v1 import control_pb2, control_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,10 +58,7 @@ def test_every_rpc_is_implemented(service: str, servicer_path: str) -> None:
     module = __import__(module_name, fromlist=[cls_name])
     servicer = getattr(module, cls_name)
     base = getattr(control_pb2_grpc, f"{service}Servicer")
-    missing = {
-        name for name in _rpc_names(service) if getattr(servicer, name, None) is getattr(base, name, None)
-    }
+    missing = {name for name in _rpc_names(service) if getattr(servicer, name, None) is getattr(base, name, None)}
     assert not missing, f"{cls_name} does not implement {sorted(missing)}"
     for name in _rpc_names(service):
         assert inspect.isfunction(getattr(servicer, name))
-

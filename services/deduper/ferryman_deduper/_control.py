@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
-
 from ferryman import protocol
 from ferryman.rpc import IncompatiblePeerError
 from ferryman.state import PartitionKey

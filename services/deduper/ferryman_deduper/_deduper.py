@@ -48,8 +48,8 @@ from ferryman.envelope import headers_of
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
-from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatusServicer

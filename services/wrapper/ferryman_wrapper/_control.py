@@ -21,10 +21,10 @@ from typing import Any
 
 import grpc
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-
 from ferryman.config import RpcConfig
 from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+
 from ferryman_wrapper._envelopes import build_envelopes
 
 _log = logging.getLogger(__name__)

@@ -39,11 +39,11 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
-from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
-from ferryman_wrapper._control import ControlLink, ResendWorker
 
+from ferryman_wrapper._control import ControlLink, ResendWorker
 from ferryman_wrapper._envelopes import build_envelopes
 from ferryman_wrapper._progress import ProgressTracker
 from ferryman_wrapper._specs import SpecPublisher

@@ -1,0 +1,5 @@
+"""``python -m ferryman_local``."""
+
+from ferryman_local.cli import main
+
+raise SystemExit(main())
