@@ -152,6 +152,12 @@ class RpcConfig(_Model):
 class WrapperConfig(_Model):
     """Tuning of the wrapper service (source side)."""
 
+    instance_id: str | None = None
+    """Stable identity of this wrapper process. When set it is also the source
+    consumer's ``group.instance.id`` (static membership, KIP-345), so a restarted
+    wrapper takes its partitions back at once instead of waiting for a rebalance."""
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    """Consumer group session timeout: how long a dead wrapper keeps its partitions."""
     group_id: str | None = None
     """Source consumer group; default ``ferryman-wrapper.<flow>``."""
     consume_batch_size: int = Field(default=2000, ge=1)
@@ -191,6 +197,10 @@ class DeduperConfig(_Model):
     ``ferryman-deduper.<flow>.<instance_id>``. Two live processes must never share it."""
     group_id: str | None = None
     """Staging consumer group; default ``ferryman-deduper.<flow>``."""
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    """Consumer group session timeout. The instance id is the consumer's
+    ``group.instance.id`` (static membership), so a restarted deduper takes its
+    partitions back at once; a deduper that is gone for good keeps them this long."""
     consume_batch_size: int = Field(default=500, ge=1)
     """Staging records (envelopes) fetched per consume() call."""
     poll_timeout_ms: int = Field(default=100, ge=1)

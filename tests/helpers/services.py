@@ -52,8 +52,19 @@ def flow_config(
         },
         "flows": [flow_data],
         # Short intervals so tests see progress quickly.
-        "wrapper": {"commit_interval_ms": 200, "topic_refresh_interval_s": 2.0, **dict(wrapper or {})},
-        "deduper": {"transaction_interval_ms": 200, "transaction_timeout_ms": 20000, **dict(deduper or {})},
+        "wrapper": {
+            "instance_id": f"{flow}-w1",
+            "commit_interval_ms": 200,
+            "topic_refresh_interval_s": 2.0,
+            "listen_address": "127.0.0.1:0",
+            **dict(wrapper or {}),
+        },
+        "deduper": {
+            "transaction_interval_ms": 200,
+            "transaction_timeout_ms": 20000,
+            "listen_address": "127.0.0.1:0",
+            **dict(deduper or {}),
+        },
     }
 
 

@@ -1,23 +1,25 @@
 """gRPC plumbing shared by every Ferryman server and client.
 
-Servers (``build_server``) come with health checking, reflection, TLS/mTLS and
-explicit interceptors (``default_server_interceptors``: tracing, bearer-token
-auth, error mapping to precise status codes). Channels (``open_channel``) carry
-TLS, the token and the W3C trace context. Client-side errors are translated
-once with ``rpc_error_from``.
+Servers (`build_server`) come with health checking, reflection, TLS or mutual
+TLS, and explicit interceptors (`default_server_interceptors`: error mapping to
+precise status codes with ``google.rpc.ErrorInfo`` details, bearer-token auth,
+OpenTelemetry tracing). Channels (`open_channel`) carry TLS, the token and the
+W3C trace context. Client-side errors are translated once, with `rpc_error_from`.
 """
 
-from ferryman.rpc._channel import open_channel
+from ferryman.rpc._channel import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, open_channel
 from ferryman.rpc._errors import (
     ERROR_DOMAIN,
     IncompatiblePeerError,
     RpcBindError,
     RpcError,
+    error_reason,
     rpc_error_from,
     status_code_for,
     to_status,
 )
 from ferryman.rpc._interceptors import (
+    OPEN_METHOD_PREFIXES,
     AuthInterceptor,
     ErrorMappingInterceptor,
     TracingInterceptor,
@@ -26,7 +28,10 @@ from ferryman.rpc._interceptors import (
 from ferryman.rpc._server import RpcServer, build_server
 
 __all__ = [
+    "CHANNEL_OPTIONS",
     "ERROR_DOMAIN",
+    "MAX_MESSAGE_BYTES",
+    "OPEN_METHOD_PREFIXES",
     "AuthInterceptor",
     "ErrorMappingInterceptor",
     "IncompatiblePeerError",
@@ -36,6 +41,7 @@ __all__ = [
     "TracingInterceptor",
     "build_server",
     "default_server_interceptors",
+    "error_reason",
     "open_channel",
     "rpc_error_from",
     "status_code_for",

@@ -1,216 +1,413 @@
-"""Server interceptors (error mapping, auth, tracing) and client interceptors (auth, trace context).
+"""Server interceptors (error mapping, auth, tracing) and the client interceptor (token, trace context).
 
-Passed explicitly to servers and channels; nothing is patched globally. Each
-server interceptor wraps the behaviour of the real handler, so unary and
-streaming handlers (generator functions included) are covered alike, and
-errors raised mid-stream are mapped too.
+All of them are passed explicitly to a server or a channel; nothing is patched
+globally. The server interceptors wrap the *behaviour* of the real handler, so
+unary handlers and streaming handlers written as generator functions are
+covered alike, errors raised between two ``yield`` s included.
+
+Two facts of the sync gRPC server shape this module:
+
+* A streaming handler is a generator; the server calls it, then pulls
+  responses with ``next()`` on a worker thread. An exception raised inside
+  ``next()`` becomes ``UNKNOWN`` ("Exception iterating responses") unless the
+  handler aborted first, which is why error mapping wraps the generator rather
+  than the call that creates it.
+* When the client goes away (cancel, deadline, network) the server just stops
+  pulling and drops the generator; it never calls ``close()``. The tracing
+  interceptor therefore also ends its span from ``context.add_callback`` and
+  never leaves its OpenTelemetry context attached across a ``yield``.
 """
 
 from __future__ import annotations
 
-import collections
+import abc
 import hmac
+import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import grpc
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from pydantic import SecretStr
 
 from ferryman.config import RpcConfig
-from ferryman.rpc._errors import abort_with
+from ferryman.errors import ConfigError
+from ferryman.rpc._errors import abort_with, status_code_for
 
-Behavior = Callable[[Any, grpc.ServicerContext], Any]
-#: Wraps one handler behaviour; the flag says whether it returns a response stream.
-Wrap = Callable[[Behavior, bool, str], Behavior]
+_log = logging.getLogger(__name__)
 
-#: Calls that stay open without a token, so orchestrators can probe health and
-#: tools can discover services; neither reveals data.
-OPEN_METHOD_PREFIXES = (
+_Behavior = Callable[..., Any]
+_Continuation = Callable[[grpc.HandlerCallDetails], "grpc.RpcMethodHandler[Any, Any] | None"]
+
+#: Methods open without a token: orchestrators probe health and tools discover
+#: the API without holding the secret; neither reveals replicated data or state.
+OPEN_METHOD_PREFIXES: tuple[str, ...] = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
 
+#: Codes that mark a SERVER span as failed (OpenTelemetry RPC semantic
+#: conventions): the server's fault, not the caller's.
+_SERVER_ERROR_CODES = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
 
-def _rewrap(handler: grpc.RpcMethodHandler[Any, Any], method: str, wrap: Wrap) -> grpc.RpcMethodHandler[Any, Any]:
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            wrap(handler.unary_unary, False, method), handler.request_deserializer, handler.response_serializer
-        )
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            wrap(handler.unary_stream, True, method), handler.request_deserializer, handler.response_serializer
-        )
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            wrap(handler.stream_unary, False, method), handler.request_deserializer, handler.response_serializer
-        )
-    assert handler.stream_stream is not None
-    return grpc.stream_stream_rpc_method_handler(
-        wrap(handler.stream_stream, True, method), handler.request_deserializer, handler.response_serializer
+
+# -- server side: plumbing ---------------------------------------------------------------------------------------
+
+
+def _copy_thread_pool(behavior: _Behavior, wrapped: _Behavior) -> _Behavior:
+    # gRPC runs a behaviour on its own pool when it carries this attribute; keep it.
+    pool = getattr(behavior, "experimental_thread_pool", None)
+    if pool is not None:
+        setattr(wrapped, "experimental_thread_pool", pool)  # noqa: B010 (not declared on Callable)
+    return wrapped
+
+
+def _rewrap(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    unary: Callable[[_Behavior], _Behavior],
+    stream: Callable[[_Behavior], _Behavior],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler with its behaviour wrapped by unary (one response) or stream (a response iterator)."""
+    des, ser = handler.request_deserializer, handler.response_serializer
+    behavior: _Behavior | None = (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
     )
+    if behavior is None or getattr(behavior, "experimental_non_blocking", False):
+        # Callback-style handlers (the health service's Watch) take a third
+        # argument and return nothing to wrap; they pass through untouched.
+        return handler
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_copy_thread_pool(behavior, unary(behavior)), des, ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_copy_thread_pool(behavior, stream(behavior)), des, ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_copy_thread_pool(behavior, unary(behavior)), des, ser)
+    return grpc.stream_stream_rpc_method_handler(_copy_thread_pool(behavior, stream(behavior)), des, ser)
 
 
-class _WrappingInterceptor(grpc.ServerInterceptor):
+class _BehaviorInterceptor(grpc.ServerInterceptor, abc.ABC):
+    """Base of interceptors that wrap what a handler does (not only whether it runs)."""
+
     def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap the behaviour of the handler found further down the chain."""
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        return _rewrap(handler, handler_call_details.method, self.wrap)
+        method = handler_call_details.method
+        return _rewrap(handler, lambda b: self._wrap_unary(b, method), lambda b: self._wrap_stream(b, method))
 
-    def wrap(self, behavior: Behavior, streaming: bool, method: str) -> Behavior:
-        raise NotImplementedError  # every subclass defines it
+    @abc.abstractmethod
+    def _wrap_unary(self, behavior: _Behavior, method: str) -> _Behavior:
+        """Wrap a behaviour returning one response."""
 
-
-def _code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
-    """The status code a handler set (the stubs do not declare ServicerContext.code)."""
-    code_fn: Callable[[], grpc.StatusCode | None] = getattr(context, "code")  # noqa: B009
-    return code_fn()
-
-
-def _already_aborted(context: grpc.ServicerContext) -> bool:
-    code = _code(context)
-    return code is not None and code != grpc.StatusCode.OK
+    @abc.abstractmethod
+    def _wrap_stream(self, behavior: _Behavior, method: str) -> _Behavior:
+        """Wrap a behaviour returning a response iterator; the wrapper must be a generator."""
 
 
-class ErrorMappingInterceptor(_WrappingInterceptor):
-    """Ferryman errors to precise status codes with ErrorInfo; anything else to INTERNAL, never UNKNOWN."""
+def _set_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
+    """The code the handler set (``abort``, ``set_code``), if any.
 
-    def wrap(self, behavior: Behavior, streaming: bool, method: str) -> Behavior:
-        if streaming:
+    ``code()`` is the sync server's accessor; the type stubs do not declare it.
+    """
+    code = getattr(context, "code", None)
+    result: grpc.StatusCode | None = code() if callable(code) else None
+    return result
 
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                try:
-                    yield from behavior(request, context)
-                except Exception as exc:
-                    if _already_aborted(context):
-                        raise
-                    abort_with(context, exc)
 
-            return stream
+def _settled(context: grpc.ServicerContext) -> bool:
+    """True when the outcome is decided already: the handler aborted or set a code, or the client is gone."""
+    code = _set_code(context)
+    return (code is not None and code is not grpc.StatusCode.OK) or not context.is_active()
 
-        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+
+def _gone_code(context: grpc.ServicerContext) -> grpc.StatusCode:
+    """Best account of a call that ended without its handler finishing."""
+    code = _set_code(context)
+    if code is not None and code is not grpc.StatusCode.OK:
+        return code
+    if context.time_remaining() <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
+
+
+# -- server side: error mapping ----------------------------------------------------------------------------------
+
+
+def _report(context: grpc.ServicerContext, exc: Exception, method: str) -> NoReturn:
+    code = status_code_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        _log.error("%s failed unexpectedly; the client gets INTERNAL", method, exc_info=exc)
+    else:
+        _log.warning("%s failed with %s: %s", method, code.name, exc)
+    abort_with(context, exc)
+
+
+class ErrorMappingInterceptor(_BehaviorInterceptor):
+    """Turns exceptions into precise status codes with a ``google.rpc.ErrorInfo`` detail.
+
+    Ferryman errors map per `status_code_for`; any other exception becomes
+    ``INTERNAL`` with its message (the traceback is logged here, never sent),
+    so no handler error reaches a client as ``UNKNOWN``. Calls whose outcome is
+    already decided (the handler called ``context.abort`` or ``set_code``, or
+    the client went away) pass through untouched.
+    """
+
+    def _wrap_unary(self, behavior: _Behavior, method: str) -> _Behavior:
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
             try:
                 return behavior(request, context)
             except Exception as exc:
-                if _already_aborted(context):
+                if _settled(context):
                     raise
-                abort_with(context, exc)
+                _report(context, exc, method)
 
-        return unary
+        return handle
 
-
-class AuthInterceptor(_WrappingInterceptor):
-    """Requires ``authorization: Bearer <token>``; health and reflection stay open."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    def _allowed(self, context: grpc.ServicerContext) -> bool:
-        for key, value in context.invocation_metadata():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
-        return False
-
-    def wrap(self, behavior: Behavior, streaming: bool, method: str) -> Behavior:
-        if method.startswith(OPEN_METHOD_PREFIXES):
-            return behavior
-        if streaming:
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                if not self._allowed(context):
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+    def _wrap_stream(self, behavior: _Behavior, method: str) -> _Behavior:
+        def handle(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
                 yield from behavior(request, context)
+            except Exception as exc:
+                if _settled(context):
+                    raise
+                _report(context, exc, method)
 
-            return stream
-
-        def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            if not self._allowed(context):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-            return behavior(request, context)
-
-        return unary
+        return handle
 
 
-class TracingInterceptor(_WrappingInterceptor):
-    """One SERVER span per RPC, parented on the caller's W3C trace context."""
+# -- server side: auth -------------------------------------------------------------------------------------------
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` metadata on every call; UNAUTHENTICATED otherwise.
+
+    Health checking (``/grpc.health.v1.Health/``) and server reflection stay
+    open (see `OPEN_METHOD_PREFIXES`) so that orchestrators can probe a server
+    without the secret. The token is compared in constant time. A refused call
+    never reaches its handler (nor the interceptors after this one).
+    """
+
+    def __init__(self, token: str | SecretStr) -> None:
+        secret = token.get_secret_value() if isinstance(token, SecretStr) else token
+        if not secret:
+            raise ConfigError("rpc.auth_token must not be empty (leave it unset to disable auth)")
+        self._token = secret.encode()
+
+    def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Continue down the chain if the call is open or carries the token; refuse it otherwise."""
+        method = handler_call_details.method
+        if method.startswith(OPEN_METHOD_PREFIXES):
+            return continuation(handler_call_details)
+        problem = self._problem(handler_call_details.invocation_metadata or ())
+        if problem is None:
+            return continuation(handler_call_details)
+        _log.warning("refused %s: %s", method, problem)
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> NoReturn:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+
+        # Stream-stream whatever the method's shape: the server then reads
+        # nothing before the handler runs, and the wire is the same for all shapes.
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+    def _problem(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        for key, value in metadata:
+            if key != "authorization":
+                continue
+            if isinstance(value, bytes):
+                return "malformed authorization metadata"
+            scheme, _, given = value.strip().partition(" ")
+            if scheme.lower() != "bearer":
+                return "authorization metadata must use the Bearer scheme"
+            if hmac.compare_digest(given.strip().encode(), self._token):
+                return None
+            return "wrong bearer token"
+        return "missing bearer token (authorization metadata)"
+
+
+# -- server side: tracing ----------------------------------------------------------------------------------------
+
+
+class _ServerSpan:
+    """The SERVER span of one call, ended exactly once whichever way the call ends."""
+
+    def __init__(self, span: Span, context: grpc.ServicerContext) -> None:
+        self._span = span
+        self._context = context
+        self._lock = threading.Lock()
+        self._ended = False
+        # The client can go away while the handler blocks, or between two
+        # responses; gRPC then drops the handler without telling it, but always
+        # runs the call's callbacks (on its polling thread).
+        if not context.add_callback(self.abandon):
+            self.abandon()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Make the span current while handler code runs (never across a ``yield``)."""
+        with trace.use_span(self._span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            yield
+
+    def succeed(self) -> None:
+        """The handler returned (it may still have set a code)."""
+        if not self._context.is_active():
+            # A cancelled client can look like a clean end of the request
+            # stream to the handler, which then returns normally.
+            self._end(_gone_code(self._context), None)
+        else:
+            self._end(_set_code(self._context) or grpc.StatusCode.OK, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """The handler raised exc; record the code the client will get."""
+        code = _set_code(self._context)
+        if code is not None and code is not grpc.StatusCode.OK:
+            self._end(code, None)  # context.abort(): its exception is gRPC's signal, not an error of ours
+        elif not self._context.is_active():
+            self._end(_gone_code(self._context), None)
+        else:
+            self._end(status_code_for(exc), exc)
+
+    def abandon(self) -> None:
+        """The call ended without the handler finishing (no-op if it finished)."""
+        self._end(_gone_code(self._context), None)
+
+    def _end(self, code: grpc.StatusCode, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        self._span.set_attribute("rpc.grpc.status_code", code.value[0])
+        if exc is not None:
+            self._span.record_exception(exc)
+        if code in _SERVER_ERROR_CODES:
+            self._span.set_status(Status(StatusCode.ERROR, code.name))
+        self._span.end()
+
+
+class TracingInterceptor(_BehaviorInterceptor):
+    """One SERVER span per call, child of the caller's W3C trace context.
+
+    The parent comes from the call's metadata (``traceparent``, via the
+    globally configured propagator). Attributes: ``rpc.system``,
+    ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``. A streaming
+    call's span ends when the stream ends, however it ends. The code recorded
+    for an exception is the one `ErrorMappingInterceptor` sends, so this
+    interceptor belongs *inside* that one (see `default_server_interceptors`).
+    """
 
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         self._tracer = trace.get_tracer("ferryman.rpc", tracer_provider=tracer_provider)
 
-    def wrap(self, behavior: Behavior, streaming: bool, method: str) -> Behavior:
+    def _start(self, method: str, context: grpc.ServicerContext) -> _ServerSpan:
         service, _, name = method.lstrip("/").rpartition("/")
-        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+        carrier = {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
+        span = self._tracer.start_span(
+            f"{service}/{name}",
+            context=propagate.extract(carrier),
+            kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        )
+        return _ServerSpan(span, context)
 
-        def start(context: grpc.ServicerContext) -> trace.Span:
-            carrier = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            parent = propagate.extract(carrier)
-            return self._tracer.start_span(
-                method.lstrip("/"), context=parent, kind=SpanKind.SERVER, attributes=attributes
-            )
-
-        def finish(span: trace.Span, context: grpc.ServicerContext, exc: BaseException | None) -> None:
-            code = _code(context) or (grpc.StatusCode.OK if exc is None else grpc.StatusCode.INTERNAL)
-            span.set_attribute("rpc.grpc.status_code", code.value[0])
-            if code != grpc.StatusCode.OK:
-                span.set_status(Status(StatusCode.ERROR, code.name))
-            span.end()
-
-        if streaming:
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                span = start(context)
-                exc: BaseException | None = None
-                try:
-                    with trace.use_span(span, end_on_exit=False):
-                        yield from behavior(request, context)
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    finish(span, context, exc)
-
-            return stream
-
-        def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            span = start(context)
-            exc: BaseException | None = None
+    def _wrap_unary(self, behavior: _Behavior, method: str) -> _Behavior:
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            call = self._start(method, context)
             try:
-                with trace.use_span(span, end_on_exit=False):
-                    return behavior(request, context)
-            except BaseException as e:
-                exc = e
+                with call.active():
+                    response = behavior(request, context)
+            except BaseException as exc:
+                call.fail(exc)
                 raise
-            finally:
-                finish(span, context, exc)
+            call.succeed()
+            return response
 
-        return unary
+        return handle
+
+    def _wrap_stream(self, behavior: _Behavior, method: str) -> _Behavior:
+        def handle(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            call = self._start(method, context)
+            responses: Iterator[Any] | None = None
+            try:
+                with call.active():
+                    responses = iter(behavior(request, context))
+                while True:
+                    with call.active():
+                        try:
+                            response = next(responses)
+                        except StopIteration:
+                            break
+                    yield response
+            except GeneratorExit:
+                # Closed by whoever dropped the stream (gRPC itself never closes it).
+                close = getattr(responses, "close", None)
+                if close is not None:
+                    with call.active():
+                        close()
+                call.abandon()
+                raise
+            except BaseException as exc:
+                call.fail(exc)
+                raise
+            call.succeed()
+
+        return handle
 
 
 def default_server_interceptors(
     rpc: RpcConfig, *, tracer_provider: TracerProvider | None = None
 ) -> list[grpc.ServerInterceptor]:
-    """Tracing (outermost, so it sees every outcome), auth if a token is set, error mapping (innermost)."""
-    out: list[grpc.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
+    """The interceptors every Ferryman server uses, outermost first.
+
+    1. error mapping: outermost, so that nothing, not even a fault in another
+       interceptor, reaches a client as ``UNKNOWN``;
+    2. auth, only when ``rpc.auth_token`` is set: before tracing, so an
+       unauthenticated caller neither creates spans nor picks their parent;
+    3. tracing: around the handler itself.
+
+    Args:
+        rpc: Shared gRPC settings (the token).
+        tracer_provider: Where spans go; the global provider when None.
+    """
+    interceptors: list[grpc.ServerInterceptor] = [ErrorMappingInterceptor()]
     if rpc.auth_token is not None:
-        out.append(AuthInterceptor(rpc.auth_token.get_secret_value()))
-    out.append(ErrorMappingInterceptor())
-    return out
+        interceptors.append(AuthInterceptor(rpc.auth_token))
+    interceptors.append(TracingInterceptor(tracer_provider))
+    return interceptors
 
 
-class _CallDetails(
-    collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
+# -- client side -------------------------------------------------------------------------------------------------
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(
+        self,
+        details: grpc.ClientCallDetails,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
 
 
 class ClientMetadataInterceptor(
@@ -219,26 +416,23 @@ class ClientMetadataInterceptor(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the bearer token (if any) and the current W3C trace context to every call."""
+    """Adds the bearer token (if any) and the current W3C trace context to every call.
+
+    Metadata rather than ``grpc.access_token_call_credentials``: gRPC refuses
+    call credentials on insecure channels, and the token must work on both.
+    """
 
     def __init__(self, token: str | None) -> None:
-        self._token = token
+        self._authorization = f"Bearer {token}" if token else None
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata: list[tuple[str, str | bytes]] = list(details.metadata or [])
-        if self._token is not None:
-            metadata.append(("authorization", f"Bearer {self._token}"))
+        metadata: list[tuple[str, str | bytes]] = list(details.metadata or ())
+        if self._authorization is not None:
+            metadata.append(("authorization", self._authorization))
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         metadata.extend(carrier.items())
-        return _CallDetails(
-            details.method,
-            details.timeout,
-            metadata,
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
+        return _CallDetails(details, tuple(metadata))
 
     def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
@@ -265,7 +459,7 @@ class ClientMetadataInterceptor(
         return continuation(self._details(client_call_details), request_iterator)
 
 
-def client_interceptors(rpc: RpcConfig) -> Sequence[ClientMetadataInterceptor]:
-    """Interceptors every Ferryman channel uses."""
+def client_interceptor(rpc: RpcConfig) -> ClientMetadataInterceptor:
+    """The interceptor every Ferryman channel uses."""
     token = rpc.auth_token.get_secret_value() if rpc.auth_token is not None else None
-    return [ClientMetadataInterceptor(token)]
+    return ClientMetadataInterceptor(token)

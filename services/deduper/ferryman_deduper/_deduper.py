@@ -197,6 +197,8 @@ class Deduper:
                 # and they are reported as a gap and held, never skipped.
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
+                "group.instance.id": self.instance_id,
+                "session.timeout.ms": self._dc.session_timeout_ms,
             }
         )
         return Consumer(conf)
@@ -444,6 +446,11 @@ class Deduper:
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
                 return
+            if err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID):
+                raise FencedError(
+                    f"another deduper joined the staging group with instance id {self.instance_id!r} ({err.str()}); "
+                    "two live processes must not share an instance id"
+                )
             if err.fatal():
                 raise KafkaOperationError("staging consumer", KafkaException(err))
             _log.warning("staging consumer: %s", err)

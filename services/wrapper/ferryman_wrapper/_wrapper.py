@@ -96,7 +96,8 @@ class Wrapper:
         self._names = FlowNames.of(flow, wrapper_group=self._wc.group_id, deduper_group=config.deduper.group_id)
         self._source = config.clusters[flow.source]
         self._target = config.clusters[flow.target]
-        self.wrapper_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._static_id = instance_id or config.wrapper.instance_id
+        self.wrapper_id = self._static_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
         self._tracker = ProgressTracker()
         # Per assigned source partition: last offset sent (the chain) and epoch.
@@ -148,8 +149,11 @@ class Wrapper:
                 "auto.offset.reset": "error",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
+                "session.timeout.ms": self._wc.session_timeout_ms,
             }
         )
+        if self._wc.instance_id or self._static_id:
+            conf["group.instance.id"] = self._static_id or self._wc.instance_id
         return Consumer(conf)
 
     def _on_producer_error(self, err: KafkaError) -> None:

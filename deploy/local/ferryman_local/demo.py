@@ -1,0 +1,190 @@
+"""``ferryman-demo``: exactly-once replication between two local clusters, with crashes.
+
+1. starts two local Apache Kafka clusters (source, destination);
+2. streams a sample topic ``orders`` into the source (null keys, tombstones,
+   repeated headers included) while
+3. ``ferryman-wrapper`` and ``ferryman-deduper`` run as real processes joined
+   by their gRPC control link, and each is killed with SIGKILL mid-stream and
+   restarted;
+4. reads both topics back and prints the verdict (exit 0 only when exact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ferryman_local._cluster import LocalCluster, start_clusters
+from ferryman_local.verify import compare, read_topic
+
+_BIN = Path(sys.executable).parent
+PARTITIONS = 4
+
+
+def _say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class _Stream(threading.Thread):
+    """Writes `records` sample orders at `rate` records/s."""
+
+    def __init__(self, bootstrap: str, topic: str, records: int, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.records, self.rate = bootstrap, topic, records, rate
+        self.sent = 0
+
+    def run(self) -> None:
+        p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 10})
+        start = time.monotonic()
+        for i in range(self.records):
+            key = None if i % 17 == 0 else f"customer-{i % 500}".encode()
+            value = None if i % 23 == 0 else f'{{"order": {i}, "amount": {i % 997}}}'.encode()
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                [("source", b"demo"), ("source", b"repeated"), ("trace", None)] if i % 5 == 0 else None
+            )
+            p.produce(self.topic, value=value, key=key, partition=i % PARTITIONS, headers=headers)
+            self.sent += 1
+            if i % 500 == 0:
+                p.poll(0)
+                ahead = self.sent / self.rate - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)  # pace the stream so the crashes land mid-stream
+        p.flush(60)
+
+
+class _Service:
+    def __init__(self, kind: str, config: Path, logs: Path, *args: str) -> None:
+        self.kind, self.config, self.logs, self.args = kind, config, logs, args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.logs / f"{self.kind}-{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [str(_BIN / f"ferryman-{self.kind}"), "--config", str(self.config), *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+
+
+def run(work_dir: Path, records: int, rate: float) -> bool:
+    """Run the demo; True when the replica is exact."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    logs = work_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    _say("starting two local Apache Kafka clusters (first run downloads the broker jars from Maven Central)")
+    clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
+    src, dst = clusters
+    services: list[_Service] = []
+    try:
+        return _replicate(src, dst=dst, work_dir=work_dir, logs=logs, records=records, rate=rate, services=services)
+    finally:
+        for s in services:
+            s.stop()
+        for c in clusters:
+            c.stop()
+
+
+def _replicate(
+    src: LocalCluster,
+    dst: LocalCluster,
+    work_dir: Path,
+    logs: Path,
+    records: int,
+    rate: float,
+    services: list[_Service],
+) -> bool:
+    _say(f"source {src.bootstrap_servers} (cluster {src.cluster_id}), destination {dst.bootstrap_servers}")
+    topic = "orders"
+    admin = AdminClient({"bootstrap.servers": src.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"retention.ms": "604800000"})])[topic].result(30)
+    config = work_dir / "ferryman.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": {
+                    "source": {"bootstrap_servers": src.bootstrap_servers},
+                    "destination": {"bootstrap_servers": dst.bootstrap_servers},
+                },
+                "flows": [{"name": "demo", "source": "source", "target": "destination", "topics": ["orders"]}],
+                "wrapper": {
+                    "instance_id": "demo-w1",
+                    "listen_address": "127.0.0.1:0",
+                    "deduper_addresses": ["127.0.0.1:17460"],
+                },
+                "deduper": {"instance_id": "demo-1", "listen_address": "127.0.0.1:17460"},
+            },
+            sort_keys=False,
+        )
+    )
+    _say(f"configuration: {config}")
+    wrapper = _Service("wrapper", config, logs)
+    deduper = _Service("deduper", config, logs)
+    services.extend([wrapper, deduper])
+    deduper.start()
+    wrapper.start()
+    stream = _Stream(src.bootstrap_servers, topic, records, rate)
+    stream.start()
+    _say(f"streaming {records} records into source topic '{topic}' ({PARTITIONS} partitions) at ~{rate:.0f}/s")
+    for victim, at in ((wrapper, 0.35), (deduper, 0.65)):
+        while stream.sent < records * at and stream.is_alive():
+            time.sleep(0.05)
+        victim.kill9()
+        _say(f"kill -9 {victim.kind} after {stream.sent} records were produced; restarting it")
+        victim.start()
+    stream.join()
+    _say("stream done; waiting for the destination to catch up")
+    expected = read_topic(src.bootstrap_servers, topic)
+    total = sum(len(v) for v in expected.values())
+    deadline = time.monotonic() + 180
+    actual = read_topic(dst.bootstrap_servers, f"source.{topic}")
+    while sum(len(v) for v in actual.values()) < total and time.monotonic() < deadline:
+        time.sleep(1.0)  # polling the destination's progress
+        actual = read_topic(dst.bootstrap_servers, f"source.{topic}")
+    for s in services:
+        s.stop()
+    verdict = compare(expected, actual)
+    _say(f"destination topic 'source.{topic}' compared with the source, partition by partition:")
+    print(f"\n    {verdict}\n", flush=True)
+    _say(f"service logs: {logs}")
+    return verdict.exact
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script entry point."""
+    parser = argparse.ArgumentParser(prog="ferryman-demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=60_000, help="records to stream (default 60000)")
+    parser.add_argument("--rate", type=float, default=5000.0, help="records per second (default 5000)")
+    parser.add_argument("--dir", type=Path, default=Path(".ferryman/demo"), help="work directory")
+    args = parser.parse_args(argv)
+    return 0 if run(args.dir, args.records, args.rate) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
