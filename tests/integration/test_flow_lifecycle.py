@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
@@ -121,7 +121,16 @@ def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
         assert wrapper.terminate() == 0
         admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
         group = f"ferryman-wrapper.{flow}"
-        admin.delete_consumer_groups([group])[group].result(30)
+
+        def deleted() -> bool:
+            # A static member (group.instance.id) stays in the group until its session times out.
+            try:
+                admin.delete_consumer_groups([group])[group].result(30)
+            except KafkaException:
+                return False
+            return True
+
+        wait_until(deleted, timeout_s=60, interval_s=1.0, message="wrapper group could not be deleted")
         _produce(source_cluster.bootstrap_servers, topic, 2, 200, 50)
         wrapper.start()
         src = read_all(source_cluster.bootstrap_servers, topic)

@@ -5,7 +5,7 @@ globally. The server interceptors wrap the *behaviour* of the real handler, so
 unary handlers and streaming handlers written as generator functions are
 covered alike, errors raised between two ``yield`` s included.
 
-Two facts of the sync gRPC server shape this module:
+Facts of the sync gRPC server that shape this module:
 
 * A streaming handler is a generator; the server calls it, then pulls
   responses with ``next()`` on a worker thread. An exception raised inside
@@ -13,9 +13,16 @@ Two facts of the sync gRPC server shape this module:
   handler aborted first, which is why error mapping wraps the generator rather
   than the call that creates it.
 * When the client goes away (cancel, deadline, network) the server just stops
-  pulling and drops the generator; it never calls ``close()``. The tracing
-  interceptor therefore also ends its span from ``context.add_callback`` and
-  never leaves its OpenTelemetry context attached across a ``yield``.
+  pulling and drops the generator; it never calls ``close()``, and a handler
+  busy elsewhere is not told at all. The tracing interceptor therefore also
+  ends its span from ``context.add_callback`` and never leaves its
+  OpenTelemetry context attached across a ``yield``.
+* A handler reading the request stream may see a cancelled call as a clean
+  end of that stream, before ``context.is_active()`` turns false. Such a
+  span can then record OK for a call the client saw CANCELLED.
+* Callback-style handlers (``experimental_non_blocking``, i.e. the health
+  service's Watch) take a third argument and return nothing; they are passed
+  through unwrapped (auth still applies; Watch is open anyway).
 """
 
 from __future__ import annotations

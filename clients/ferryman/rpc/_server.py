@@ -60,9 +60,15 @@ class RpcServer:
     """
 
     def __init__(
-        self, server: grpc.Server, port: int, health_servicer: health.HealthServicer, service_names: Sequence[str]
+        self,
+        server: grpc.Server,
+        executor: ThreadPoolExecutor,
+        port: int,
+        health_servicer: health.HealthServicer,
+        service_names: Sequence[str],
     ) -> None:
         self._server = server
+        self._executor = executor
         self._port = port
         self._health = health_servicer
         self._serving = dict.fromkeys(service_names, False)
@@ -138,9 +144,11 @@ class RpcServer:
             if self._stopped is None:
                 self._stopped = self._server.stop(grace_s)
             stopped = self._stopped
-        # gRPC's stop() returns at once with an event set when every call is
-        # over: at most grace_s away, plus the time cancelled handlers take to return.
+        # gRPC's stop() returns at once, with an event set when shutdown is
+        # complete: grace_s away at most, plus a second of slack for gRPC to
+        # cancel what is left (a handler blocked in our code may outlive it).
         stopped.wait(grace_s + 1.0)
+        self._executor.shutdown(wait=False)  # gRPC leaves its handler pool to its owner
 
     def __enter__(self) -> RpcServer:
         self.start()
@@ -189,8 +197,9 @@ def build_server(
     check_server_tls(rpc.tls)
     credentials = server_credentials(rpc.tls) if rpc.tls.enabled else None
     names = list(service_names)
+    executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-handler")
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-handler"),
+        executor,
         interceptors=list(interceptors or ()),
         options=list(SERVER_OPTIONS),
     )
@@ -206,8 +215,10 @@ def build_server(
             port = server.add_insecure_port(listen_address)
     except RuntimeError as exc:
         server.stop(None)
+        executor.shutdown(wait=False)
         raise RpcBindError(f"cannot listen on {listen_address}: address in use, not local, or malformed") from exc
     if port == 0:  # older gRPC releases report a failed bind this way
         server.stop(None)
+        executor.shutdown(wait=False)
         raise RpcBindError(f"cannot listen on {listen_address}: address in use, not local, or malformed")
-    return RpcServer(server, port, health_servicer, names)
+    return RpcServer(server, executor, port, health_servicer, names)

@@ -113,6 +113,7 @@ def run(work_dir: Path, records: int, rate: float) -> bool:
 
 def _replicate(
     src: LocalCluster,
+    *,
     dst: LocalCluster,
     work_dir: Path,
     logs: Path,

@@ -153,6 +153,8 @@ class Deduper:
         self._txn_started = 0.0
         self._txn_records = 0
         self._delivery_error: KafkaError | None = None
+        self._producer_fatal: KafkaError | None = None
+        self._consumer_fatal: KafkaError | None = None
         self._fatal: BaseException | None = None
 
     # ------------------------------------------------------------------ setup
@@ -175,12 +177,36 @@ class Deduper:
                 # tens of ms; the 100 ms default backoff would cap us at a few
                 # transactions per second (KAFKA-5477).
                 "retry.backoff.ms": 20,
+                "error_cb": self._on_producer_error,
             }
         )
         if self._eos:
             conf["transactional.id"] = self._transactional_id
             conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
         return Producer(conf)
+
+    def _on_producer_error(self, err: KafkaError) -> None:
+        # A fatal error makes later calls fail with a generic _FATAL code; keep
+        # the real cause (a fence, typically) so recovery acts on its class.
+        if err.fatal():
+            self._producer_fatal = err
+        _log.log(logging.ERROR if err.fatal() else logging.WARNING, "destination producer: %s", err)
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._consumer_fatal = err
+        _log.log(logging.ERROR if err.fatal() else logging.WARNING, "staging consumer: %s", err)
+
+    def _check_consumer(self) -> None:
+        err = self._consumer_fatal
+        if err is None:
+            return
+        if err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID):
+            raise FencedError(
+                f"another deduper joined the staging group with instance id {self.instance_id!r} ({err.str()}); "
+                "two live processes must not share an instance id"
+            )
+        raise KafkaOperationError("staging consumer", KafkaException(err))
 
     def _make_consumer(self) -> Consumer:
         conf = self._client_conf("staging")
@@ -199,6 +225,7 @@ class Deduper:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "group.instance.id": self.instance_id,
                 "session.timeout.ms": self._dc.session_timeout_ms,
+                "error_cb": self._on_consumer_error,
             }
         )
         return Consumer(conf)
@@ -318,10 +345,16 @@ class Deduper:
             msgs = self._consumer.consume(num_messages=self._dc.consume_batch_size, timeout=timeout)
             if self._fatal is not None:
                 raise self._fatal
-            for msg in msgs:
-                self._process(msg)
-            self._producer.poll(0)
+            self._check_consumer()
             now = time.monotonic()
+            try:
+                for msg in msgs:
+                    self._process(msg)
+                self._producer.poll(0)
+            except KafkaException as exc:
+                # produce()/begin_transaction()/poll() refused: the producer is in
+                # an error state; the rest of the batch is re-read after the rewind.
+                self._recover(exc, "writing the transaction")
             if self._txn_open and (
                 now - self._txn_started >= interval or self._txn_records >= self._dc.transaction_max_records
             ):
@@ -720,12 +753,16 @@ class Deduper:
 
     def _recover(self, exc: BaseException, what: str) -> None:
         """Handle a failed transactional step by class, then rewind to the last commit."""
+        self._check_consumer()
+        cause = self._producer_fatal
+        if cause is not None:
+            exc = KafkaException(cause)  # the real reason behind a generic _FATAL
         cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
         if cls is ErrorClass.RETRIABLE:
             cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
         if cls is ErrorClass.FENCED:
             age_ms = (time.monotonic() - self._txn_started) * 1000
-            if age_ms < self._dc.transaction_timeout_ms:
+            if not self._txn_open or age_ms < self._dc.transaction_timeout_ms:
                 raise FencedError(
                     f"{what}: transactional.id {self._transactional_id} was taken over by another deduper "
                     f"instance ({exc}); two live processes must not share instance_id {self.instance_id!r}"
@@ -764,6 +801,7 @@ class Deduper:
         _log.warning("rebuilding the destination producer (%s)", self._transactional_id)
         old = self._producer
         old.purge()
+        self._producer_fatal = None
         self._producer = self._make_producer()
         self._destinations.producer = self._producer
         self._init_transactions()
