@@ -481,6 +481,7 @@ class GetWrapperStatusResponse(_message.Message):
     CONTROL_CONNECTED_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     RESENDS_SERVED_FIELD_NUMBER: _builtins.int
+    WATERMARKS_FIELD_NUMBER: _builtins.int
     wrapper_id: _builtins.str
     """Wrapper identity."""
     flow: _builtins.str
@@ -503,6 +504,10 @@ class GetWrapperStatusResponse(_message.Message):
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProgress]:
         """Progress of the assigned partitions."""
 
+    @_builtins.property
+    def watermarks(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
+        """Committed watermarks last received from the dedupers, with lag."""
+
     def __init__(
         self,
         *,
@@ -516,10 +521,11 @@ class GetWrapperStatusResponse(_message.Message):
         control_connected: _builtins.bool = ...,
         partitions: _abc.Iterable[Global___PartitionProgress] | None = ...,
         resends_served: _builtins.int = ...,
+        watermarks: _abc.Iterable[Global___PartitionWatermark] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -111,8 +111,9 @@ class Wrapper:
         self._fatal: BaseException | None = None
         self._pause_wanted: tuple[bool, str] = (False, "")
         self._paused = False
-        self._watermarks: dict[PartitionKey, int] = {}
+        self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
         self._links: list[ControlLink] = []
+        self._progress_snapshot: list[control_pb2.PartitionProgress] = []
         self.records_sent = 0
         self.envelopes_sent = 0
         self.rewinds = 0
@@ -359,7 +360,7 @@ class Wrapper:
 
     def _on_watermarks(self, watermarks: control_pb2.Watermarks) -> None:
         for w in watermarks.partitions:
-            self._watermarks[PartitionKey(w.topic, w.partition)] = w.watermark
+            self._watermarks[PartitionKey(w.topic, w.partition)] = w
 
     def _apply_backpressure(self) -> None:
         """Pause or resume reading the source as the deduper asked (loop thread only)."""
@@ -390,7 +391,8 @@ class Wrapper:
         return out
 
     def _send_progress(self) -> None:
-        msg = control_pb2.ConnectRequest(progress=control_pb2.Progress(partitions=self._progress()))
+        self._progress_snapshot = self._progress()
+        msg = control_pb2.ConnectRequest(progress=control_pb2.Progress(partitions=self._progress_snapshot))
         for link in self._links:
             link.send(msg)
 
@@ -406,6 +408,8 @@ class Wrapper:
             pause_reason=self._pause_wanted[1] if self._paused else "",
             control_connected=any(link.connected for link in self._links),
             resends_served=self._resender.served if self._links else 0,
+            partitions=self._progress_snapshot,
+            watermarks=[w for _, w in sorted(dict(self._watermarks).items())],
         )
 
     # ---------------------------------------------------------------- data path
