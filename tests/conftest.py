@@ -1,41 +1,56 @@
-"""Session fixtures: two real Kafka clusters (source, destination), unique names."""
+"""Shared fixtures: two real Kafka clusters (source, destination) and unique names.
+
+The clusters start lazily, once per session, and only if a test asks for one:
+a unit-only run starts no JVM. Set both ``FERRYMAN_TEST_SOURCE_BOOTSTRAP`` and
+``FERRYMAN_TEST_DESTINATION_BOOTSTRAP`` to reuse running clusters instead
+(for instance from ``python -m ferryman_local up``) and skip the start-up.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
-import re
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from ferryman_local import start_clusters
+from confluent_kafka.admin import AdminClient
+
+from tests.helpers import kafka as kafka_helpers
+from tests.helpers.kafka import ExternalCluster, KafkaCluster
+
+_log = logging.getLogger("tests")
+_SOURCE_ENV = "FERRYMAN_TEST_SOURCE_BOOTSTRAP"
+_DESTINATION_ENV = "FERRYMAN_TEST_DESTINATION_BOOTSTRAP"
+# Two JVMs starting side by side on 2 cores take ~7 s; a cold jar cache adds Maven's download.
+_CLUSTER_READY_TIMEOUT_S = 120.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: real Kafka brokers and/or real gRPC servers on loopback")
     config.addinivalue_line("markers", "e2e: the services as processes, the way a user runs them")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds; deselect with -m 'not slow'")
     config.addinivalue_line("markers", "nightly: long variants, run with FERRYMAN_NIGHTLY=1")
 
 
-@dataclass(frozen=True)
-class ClusterRef:
-    """What tests need from a cluster (a LocalCluster, or one given by env for dev loops)."""
-
-    name: str
-    bootstrap_servers: str
+def _external(name: str, bootstrap: str) -> ExternalCluster:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    cluster_id = admin.describe_cluster(request_timeout=10).result(timeout=15).cluster_id
+    return ExternalCluster(name=name, bootstrap_servers=bootstrap, cluster_id=str(cluster_id))
 
 
 @pytest.fixture(scope="session")
-def _clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    src = os.environ.get("FERRYMAN_TEST_SOURCE_BOOTSTRAP")
-    dst = os.environ.get("FERRYMAN_TEST_DESTINATION_BOOTSTRAP")
-    if src and dst:
-        yield {"source": ClusterRef("source", src), "destination": ClusterRef("destination", dst)}
+def _clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KafkaCluster]]:
+    src, dst = os.environ.get(_SOURCE_ENV), os.environ.get(_DESTINATION_ENV)
+    if src or dst:
+        if not (src and dst):
+            raise pytest.UsageError(f"set both {_SOURCE_ENV} and {_DESTINATION_ENV}, or neither")
+        yield {"source": _external("source", src), "destination": _external("destination", dst)}
         return
-    base: Path = tmp_path_factory.mktemp("clusters")
-    clusters = start_clusters(["source", "destination"], base_dir=base)
+    from ferryman_local import start_clusters  # noqa: PLC0415 -- only when a test needs brokers
+
+    base = tmp_path_factory.mktemp("clusters")
+    clusters = start_clusters(["source", "destination"], base_dir=base, ready_timeout_s=_CLUSTER_READY_TIMEOUT_S)
+    _log.info("test clusters: %s (logs under %s)", clusters, base)
     try:
         yield {c.name: c for c in clusters}
     finally:
@@ -44,24 +59,22 @@ def _clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
 
 
 @pytest.fixture(scope="session")
-def source_cluster(_clusters: dict[str, object]) -> object:
-    """The source cluster (started once per session)."""
+def source_cluster(_clusters: dict[str, KafkaCluster]) -> KafkaCluster:
+    """The source cluster, started once per session (a ``LocalCluster`` unless reused from env)."""
     return _clusters["source"]
 
 
 @pytest.fixture(scope="session")
-def destination_cluster(_clusters: dict[str, object]) -> object:
-    """The destination cluster (a separate cluster, started once per session)."""
+def destination_cluster(_clusters: dict[str, KafkaCluster]) -> KafkaCluster:
+    """The destination cluster: a separate cluster with its own id, started alongside the source."""
     return _clusters["destination"]
 
 
 @pytest.fixture
 def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
-    """Make names unique per test: prefix + test name + short random suffix."""
-    test = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[-40:].strip("-")
-    suffix = uuid.uuid4().hex[:6]
+    """A factory of names unique to each call: ``prefix-<test name>-<random>`` (legal topic names)."""
 
     def make(prefix: str) -> str:
-        return f"{prefix}-{test}-{suffix}"
+        return kafka_helpers.unique_name(request.node.name, prefix)
 
     return make

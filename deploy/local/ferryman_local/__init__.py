@@ -1,7 +1,25 @@
-"""Local Apache Kafka clusters for demos, tests and benchmarks (KRaft, loopback)."""
+"""Local Apache Kafka clusters (single-node KRaft on loopback) for tests, demos and benchmarks.
 
-from ferryman_local._cluster import LocalCluster, start_clusters
-from ferryman_local._errors import HarnessError
+``LocalCluster.start(name)`` formats and starts one broker from jars that
+``ensure_kafka_jars()`` resolves once into a cache outside git;
+``start_clusters(names)`` starts several at once. ``python -m ferryman_local up``
+does the same from a shell.
+"""
+
+from ferryman_local._cluster import JVM_OPTIONS, SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
+from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
 
-__all__ = ["KAFKA_VERSION", "HarnessError", "LocalCluster", "cache_dir", "ensure_kafka_jars", "start_clusters"]
+__all__ = [
+    "JVM_OPTIONS",
+    "KAFKA_VERSION",
+    "SINGLE_NODE_PROPERTIES",
+    "ClusterStartError",
+    "HarnessError",
+    "JarResolutionError",
+    "LocalCluster",
+    "ToolMissingError",
+    "cache_dir",
+    "ensure_kafka_jars",
+    "start_clusters",
+]

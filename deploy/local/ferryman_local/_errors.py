@@ -1,4 +1,4 @@
-"""Errors of the local cluster harness."""
+"""Errors of the local cluster harness: one root, one subclass per failure kind."""
 
 from __future__ import annotations
 
@@ -6,4 +6,22 @@ from ferryman.errors import FerrymanError
 
 
 class HarnessError(FerrymanError):
-    """A local cluster could not be prepared, started or stopped."""
+    """Root of every error the local cluster harness raises on purpose."""
+
+
+class ToolMissingError(HarnessError):
+    """A program the harness needs (``java``, ``mvn``) is not on ``PATH``."""
+
+
+class JarResolutionError(HarnessError):
+    """Maven could not resolve the pinned Apache Kafka jars.
+
+    The message ends with the tail of Maven's output.
+    """
+
+
+class ClusterStartError(HarnessError):
+    """A broker could not be formatted or did not become ready in time.
+
+    The message ends with the tail of the broker's logs.
+    """

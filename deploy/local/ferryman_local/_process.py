@@ -1,0 +1,136 @@
+"""Child JVMs that never outlive the Python process that started them.
+
+Three layers, because each covers a different way of dying:
+
+* every child runs in its own session (process group), so a terminal's Ctrl-C
+  reaches Python only and the harness stops the brokers in order, and a
+  signal to the group reaches every thread of the JVM;
+* an ``atexit`` hook SIGKILLs whatever is still registered when Python exits
+  normally (or through an unhandled exception);
+* on Linux the child asks the kernel for SIGKILL when its parent dies
+  (``PR_SET_PDEATHSIG``), which covers SIGKILL of the Python process itself.
+  The kernel ties that signal to the *thread* that forked, so all children are
+  forked from one long-lived daemon thread, never from short-lived workers
+  such as ``start_clusters``'s pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import IO
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+_Request = tuple[list[str], Path, IO[bytes], "Future[subprocess.Popen[bytes]]"]
+
+
+class _Launcher:
+    """Forks children from one daemon thread that lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._preexec = _pdeathsig_preexec()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def launch(self, cmd: Sequence[str], cwd: Path, output: IO[bytes]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="ferryman-local-launcher", daemon=True)
+                self._thread.start()
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((list(cmd), cwd, output, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            cmd, cwd, output, done = self._requests.get()
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self._preexec,  # noqa: PLW1509 -- only prctl(2), see the module docstring
+                )
+            except BaseException as exc:
+                done.set_exception(exc)
+            else:
+                with _children_lock:
+                    _children.add(proc)
+                done.set_result(proc)
+
+
+_launcher = _Launcher()
+_children: set[subprocess.Popen[bytes]] = set()
+_children_lock = threading.Lock()
+
+
+def spawn(cmd: Sequence[str], *, cwd: Path, output: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a long-running child in its own process group, tied to this process's life.
+
+    Args:
+        cmd: program and arguments.
+        cwd: working directory of the child.
+        output: file receiving the child's stdout and stderr.
+
+    Returns:
+        The child; end it with ``signal_group`` and reap it with ``wait``.
+    """
+    return _launcher.launch(cmd, cwd, output)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send sig to the child's process group, if the child is still running."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+
+
+def forget(proc: subprocess.Popen[bytes]) -> None:
+    """Stop tracking a child that has exited."""
+    with _children_lock:
+        _children.discard(proc)
+
+
+@atexit.register
+def _kill_children() -> None:
+    with _children_lock:
+        children = list(_children)
+        _children.clear()
+    for proc in children:
+        signal_group(proc, signal.SIGKILL)
+    for proc in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)  # SIGKILL takes effect at once; this only reaps the zombie
