@@ -26,6 +26,7 @@ from confluent_kafka import KafkaException
 
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
 from ferryman.errors import ConfigError, FencedError, FerrymanError, SourceDataLostError
+from ferryman.kafka_errors import ErrorClass, classify
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -106,6 +107,9 @@ def run_service(
         _log.error("%s failed: %s", name, exc)
         return EXIT_FAILURE
     except KafkaException as exc:
+        if classify(exc) is ErrorClass.FENCED:
+            _log.error("fenced: %s", exc)
+            return EXIT_FENCED
         _log.error("%s failed on an unrecoverable Kafka error: %s", name, exc)
         return EXIT_FAILURE
     return EXIT_OK

@@ -460,7 +460,10 @@ class Deduper:
             _log.warning("closing the staging consumer: %s", exc)
         if self._txn_open:
             self._abort_quietly()
-        self._producer.flush(self._dc.operation_timeout_s)
+        try:
+            self._producer.flush(self._dc.operation_timeout_s)
+        except KafkaException as exc:
+            _log.warning("flushing the destination producer at shutdown: %s", exc)
         _log.info("deduper %s stopped: %s", self.instance_id, self.stats)
 
     # -------------------------------------------------------------- data path
@@ -754,6 +757,9 @@ class Deduper:
     def _recover(self, exc: BaseException, what: str) -> None:
         """Handle a failed transactional step by class, then rewind to the last commit."""
         self._check_consumer()
+        # Serve pending error events: a fatal error reaches error_cb only
+        # through poll(), and until then calls fail with a generic _FATAL.
+        self._producer.poll(0)
         cause = self._producer_fatal
         if cause is not None:
             exc = KafkaException(cause)  # the real reason behind a generic _FATAL
@@ -815,7 +821,12 @@ class Deduper:
             return
         positions = self._restore(sorted(parts))
         for sp, offset in positions.items():
-            self._consumer.seek(TopicPartition(self._names.staging_topic, sp, offset))
+            try:
+                self._consumer.seek(TopicPartition(self._names.staging_topic, sp, offset))
+            except KafkaException as exc:
+                self._consumer.poll(0)  # serve error events: a fence shows up there
+                self._check_consumer()
+                raise KafkaOperationError(f"seeking staging partition {sp} to {offset}", exc) from exc
 
     def _restore(self, partitions: list[int]) -> dict[int, int]:
         """Committed staging positions, then the state written with them.
