@@ -46,7 +46,7 @@ from ferryman.client_config import base_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.envelope import headers_of
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
-from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import build_server, default_server_interceptors
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
@@ -766,6 +766,10 @@ class Deduper:
         cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
         if cls is ErrorClass.RETRIABLE:
             cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
+        if cls is ErrorClass.FATAL and self._eos:
+            real = self._fatal_cause()
+            if real is not None:
+                exc, cls = KafkaException(real), classify(real)
         if cls is ErrorClass.FENCED:
             age_ms = (time.monotonic() - self._txn_started) * 1000
             if not self._txn_open or age_ms < self._dc.transaction_timeout_ms:
@@ -790,6 +794,22 @@ class Deduper:
         if cls is not ErrorClass.ABORTABLE or not self._eos:
             self._rebuild_producer()
         self._rewind()
+
+    def _fatal_cause(self) -> KafkaError | None:
+        """The producer's own fatal error, if it is in a fatal state.
+
+        Failed produce/flush calls report generic codes (_FATAL, _PURGE_QUEUE)
+        and error_cb may not have run yet; a transactional call on a producer in
+        a fatal state returns the fatal error itself. We only ask when we are
+        about to replace the producer anyway, so the abort it may do is moot.
+        """
+        try:
+            self._producer.abort_transaction(1.0)
+        except KafkaException as exc:
+            err = kafka_error_of(exc)
+            if err is not None and err.fatal():
+                return err
+        return None
 
     def _abort_quietly(self) -> None:
         if not self._eos:
