@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
         {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "message.max.bytes": 2_000_000}
     )
     n = 0
+    # Explicit create times, recent enough that the topic's retention keeps them.
+    base_ts = int(time.time() * 1000) - 3_600_000
     for i in range(per_partition):
         for part in range(PARTITIONS):
             key = None if i % 7 == 0 else f"k{i}".encode()
@@ -40,7 +43,7 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
             while True:
                 try:
                     p.produce(
-                        topic, value=value, key=key, partition=part, headers=headers, timestamp=1_700_000_000_000 + i
+                        topic, value=value, key=key, partition=part, headers=headers, timestamp=base_ts + i
                     )
                     break
                 except BufferError:
