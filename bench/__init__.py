@@ -1,0 +1,1 @@
+"""Benchmarks: Ferryman side by side with its peers (not pass/fail tests)."""
