@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from types import FrameType
 
 from confluent_kafka import Consumer, Producer
 
-_running = True
+_stop_requested = threading.Event()
 
 
 def _stop(_signum: int, _frame: FrameType | None) -> None:
-    global _running
-    _running = False
+    _stop_requested.set()
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
     consumer.subscribe([topic])
     produce = producer.produce
     next_commit = time.monotonic() + 1.0
-    while _running:
+    while not _stop_requested.is_set():
         msgs = consumer.consume(num_messages=2000, timeout=0.1)
         for m in msgs:
             if m.error() is not None:
@@ -51,7 +51,7 @@ def main() -> int:
                         dest_topic,
                         m.value(),
                         m.key(),
-                        partition=m.partition(),
+                        partition=m.partition() or 0,
                         timestamp=m.timestamp()[1],
                         headers=m.headers(),
                     )

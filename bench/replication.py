@@ -31,10 +31,10 @@ from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from ferryman_local import LocalCluster, start_clusters
 
 from bench.measure import DestinationWatcher, ProcessSampler, percentile
 from bench.rows import SOURCE_ALIAS, CopyLoopRow, FerrymanRow, MirrorMakerRow, Row, RowContext
-from ferryman_local import LocalCluster, start_clusters
 
 ROWS = ("ferryman", "copyloop", "mm2", "mm2-eos")
 
@@ -45,8 +45,15 @@ def _create(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def _preload(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
-                  "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
     pad = b"x" * value_bytes
     for i in range(records):
         part = i % partitions
@@ -78,9 +85,17 @@ def _run_row(name: str, args: argparse.Namespace, src: str, dst: str, base: Path
     print(f"  [{name}] preloaded {args.records} records in {time.time() - t0:.1f}s", flush=True)
     work = base / tag
     work.mkdir(parents=True)
-    ctx = RowContext(name=tag, source=src, destination=dst, topic_pattern=f"bench-.*-{tag}",
-                     topics=[tp_topic, lat_topic], work_dir=work, wrapper_procs=args.wrapper_procs,
-                     deduper_procs=args.deduper_procs, ferryman_txn_ms=args.ferryman_txn_ms)
+    ctx = RowContext(
+        name=tag,
+        source=src,
+        destination=dst,
+        topic_pattern=f"bench-.*-{tag}",
+        topics=[tp_topic, lat_topic],
+        work_dir=work,
+        wrapper_procs=args.wrapper_procs,
+        deduper_procs=args.deduper_procs,
+        ferryman_txn_ms=args.ferryman_txn_ms,
+    )
     row = _make_row(name, ctx, args.partitions)
     watcher = DestinationWatcher(dst, f"{SOURCE_ALIAS}.{tp_topic}", args.partitions, args.records)
     started = time.time()
@@ -99,8 +114,10 @@ def _run_row(name: str, args: argparse.Namespace, src: str, dst: str, base: Path
             out["from_start_rps"] = w.records / (w.last_visible - started)
         out["cpu_s_per_million"] = cpu_tp / max(1, w.records) * 1e6
         out["peak_rss_mb"] = sampler.peak_rss / 1e6
-        print(f"  [{name}] throughput phase: {json.dumps({k: v for k, v in out.items() if k != 'row'}, default=str)}",
-              flush=True)
+        print(
+            f"  [{name}] throughput phase: {json.dumps({k: v for k, v in out.items() if k != 'row'}, default=str)}",
+            flush=True,
+        )
         if args.latency_seconds > 0 and complete:
             out.update(_latency(args, src, dst, lat_topic))
     finally:
@@ -125,8 +142,13 @@ def _latency(args: argparse.Namespace, src: str, dst: str, topic: str) -> dict[s
     watcher.wait(60)
     w = watcher.stop()
     lat = w.latencies_ms
-    return {"latency_rate": args.latency_rate, "latency_records": len(lat), "p50_ms": percentile(lat, 50),
-            "p99_ms": percentile(lat, 99), "max_ms": max(lat) if lat else float("nan")}
+    return {
+        "latency_rate": args.latency_rate,
+        "latency_records": len(lat),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": max(lat) if lat else float("nan"),
+    }
 
 
 def _table(results: list[dict[str, Any]]) -> str:
@@ -135,8 +157,22 @@ def _table(results: list[dict[str, Any]]) -> str:
     mm2 = by.get("mm2", {}).get("steady_rps")
     mm2eos = by.get("mm2-eos", {}).get("steady_rps")
     copy_cpu = by.get("copyloop", {}).get("cpu_s_per_million")
-    cols = ["row", "ok", "rec/s", "MB/s", "rec/s from start", "CPU s/M", "peak RSS MB", "p50 ms", "p99 ms",
-            "x copyloop", "x mm2", "x mm2-eos", "CPU x copyloop", "dups"]
+    cols = [
+        "row",
+        "ok",
+        "rec/s",
+        "MB/s",
+        "rec/s from start",
+        "CPU s/M",
+        "peak RSS MB",
+        "p50 ms",
+        "p99 ms",
+        "x copyloop",
+        "x mm2",
+        "x mm2-eos",
+        "CPU x copyloop",
+        "dups",
+    ]
     lines = [cols]
 
     def f(v: Any, fmt: str = "{:,.0f}") -> str:
@@ -145,14 +181,24 @@ def _table(results: list[dict[str, Any]]) -> str:
     for r in results:
         rps = r.get("steady_rps")
         ok = r.get("complete") and (not r["exactly_once"] or r.get("duplicates", 0) == 0)
-        lines.append([
-            r["row"], "yes" if ok else "FAILED", f(rps), f(r.get("steady_mbps"), "{:.1f}"), f(r.get("from_start_rps")),
-            f(r.get("cpu_s_per_million"), "{:.1f}"), f(r.get("peak_rss_mb")), f(r.get("p50_ms")), f(r.get("p99_ms")),
-            f(rps / copy if rps and copy else None, "{:.2f}"), f(rps / mm2 if rps and mm2 else None, "{:.2f}"),
-            f(rps / mm2eos if rps and mm2eos else None, "{:.2f}"),
-            f(r["cpu_s_per_million"] / copy_cpu if copy_cpu and r.get("cpu_s_per_million") else None, "{:.2f}"),
-            str(r.get("duplicates", "-")),
-        ])
+        lines.append(
+            [
+                r["row"],
+                "yes" if ok else "FAILED",
+                f(rps),
+                f(r.get("steady_mbps"), "{:.1f}"),
+                f(r.get("from_start_rps")),
+                f(r.get("cpu_s_per_million"), "{:.1f}"),
+                f(r.get("peak_rss_mb")),
+                f(r.get("p50_ms")),
+                f(r.get("p99_ms")),
+                f(rps / copy if rps and copy else None, "{:.2f}"),
+                f(rps / mm2 if rps and mm2 else None, "{:.2f}"),
+                f(rps / mm2eos if rps and mm2eos else None, "{:.2f}"),
+                f(r["cpu_s_per_million"] / copy_cpu if copy_cpu and r.get("cpu_s_per_million") else None, "{:.2f}"),
+                str(r.get("duplicates", "-")),
+            ]
+        )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(cols))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
 
@@ -194,7 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         clusters = start_clusters(["source", "destination"], base_dir=base / "clusters")
         src, dst = clusters[0].bootstrap_servers, clusters[1].bootstrap_servers
-    print(f"bench: {args.records} records x {args.value_bytes} B, {args.partitions} partitions; rows {rows}", flush=True)
+    print(
+        f"bench: {args.records} records x {args.value_bytes} B, {args.partitions} partitions; rows {rows}", flush=True
+    )
     results = []
     try:
         for name in rows:
@@ -205,10 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                        indent=2, default=str))
-    failed = [r["row"] for r in results
-              if not r.get("complete") or (r["exactly_once"] and r.get("duplicates", 0))]
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2, default=str)
+        )
+    failed = [r["row"] for r in results if not r.get("complete") or (r["exactly_once"] and r.get("duplicates", 0))]
     return 1 if failed else 0
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
-
 from ferryman_local import ensure_kafka_jars
 
 BIN = Path(sys.executable).parent
@@ -53,8 +52,9 @@ class Row:
     def _spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> None:
         log = (self.ctx.work_dir / log_name).open("wb")
         self.procs.append(
-            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                             start_new_session=True)
+            subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            )
         )
 
     def start(self) -> None:
@@ -103,13 +103,21 @@ class FerrymanRow(Row):
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         for i, port in enumerate(ports):
             self._spawn(
-                [str(BIN / "ferryman-deduper"), "--config", str(path), "--instance-id", f"d{i}",
-                 "--listen", f"127.0.0.1:{port}"],
+                [
+                    str(BIN / "ferryman-deduper"),
+                    "--config",
+                    str(path),
+                    "--instance-id",
+                    f"d{i}",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                ],
                 f"deduper-{i}.log",
             )
         for i in range(self.ctx.wrapper_procs):
-            self._spawn([str(BIN / "ferryman-wrapper"), "--config", str(path), "--instance-id", f"w{i}"],
-                        f"wrapper-{i}.log")
+            self._spawn(
+                [str(BIN / "ferryman-wrapper"), "--config", str(path), "--instance-id", f"w{i}"], f"wrapper-{i}.log"
+            )
 
 
 class CopyLoopRow(Row):
@@ -125,8 +133,16 @@ class CopyLoopRow(Row):
             fut.result(30)
         for t in self.ctx.topics:
             self._spawn(
-                [sys.executable, "-m", "bench.copyloop", self.ctx.source, self.ctx.destination, t,
-                 f"{SOURCE_ALIAS}.{t}", f"bench-copy-{self.ctx.name}-{t}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.copyloop",
+                    self.ctx.source,
+                    self.ctx.destination,
+                    t,
+                    f"{SOURCE_ALIAS}.{t}",
+                    f"bench-copy-{self.ctx.name}-{t}",
+                ],
                 f"copyloop-{t}.log",
             )
 
@@ -173,11 +189,21 @@ class MirrorMakerRow(Row):
         path = self.ctx.work_dir / "mm2.properties"
         path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
         log4j = self.ctx.work_dir / "log4j2.properties"
-        log4j.write_text("rootLogger.level = WARN\nrootLogger.appenderRef.stdout.ref = STDOUT\n"
-                         "appender.stdout.type = Console\nappender.stdout.name = STDOUT\n"
-                         "appender.stdout.layout.type = PatternLayout\nappender.stdout.layout.pattern = %d %p %m%n\n")
+        log4j.write_text(
+            "rootLogger.level = WARN\nrootLogger.appenderRef.stdout.ref = STDOUT\n"
+            "appender.stdout.type = Console\nappender.stdout.name = STDOUT\n"
+            "appender.stdout.layout.type = PatternLayout\nappender.stdout.layout.pattern = %d %p %m%n\n"
+        )
         self._spawn(
-            ["java", "-Xms256m", "-Xmx1g", f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{jars}/*",
-             "org.apache.kafka.connect.mirror.MirrorMaker", str(path)],
+            [
+                "java",
+                "-Xms256m",
+                "-Xmx1g",
+                f"-Dlog4j2.configurationFile={log4j}",
+                "-cp",
+                f"{jars}/*",
+                "org.apache.kafka.connect.mirror.MirrorMaker",
+                str(path),
+            ],
             "mm2.log",
         )
