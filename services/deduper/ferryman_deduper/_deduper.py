@@ -223,6 +223,9 @@ class Deduper:
                 # and they are reported as a gap and held, never skipped.
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
+                # Envelopes are batches already: do not let the broker hold a
+                # fetch for up to 500 ms waiting for more (librdkafka default).
+                "fetch.wait.max.ms": 20,
                 "group.instance.id": self.instance_id,
                 "session.timeout.ms": self._dc.session_timeout_ms,
                 "error_cb": self._on_consumer_error,
@@ -606,31 +609,42 @@ class Deduper:
         self._dest_topics[key] = dest
         partition = src.partition
         produce = self._producer.produce
-        poll = self._producer.poll
         n = len(records)
         slc = _Slice(key, src, dest, []) if self._flow.emit_offset_mappings else None
+        # The hot loop: positional produce() arguments (topic, value, key,
+        # partition, callback, on_delivery, timestamp, headers) cost about half
+        # of keyword ones; only the first and last record of a run carry a
+        # delivery callback (the offset map needs just those two offsets).
         for i in range(start, n):
             r = records[i]
-            kwargs: dict[str, Any] = {"partition": partition, "timestamp": r.timestamp_ms}
-            if r.HasField("key"):
-                kwargs["key"] = r.key
-            if r.headers:
-                kwargs["headers"] = headers_of(r)
-            if slc is not None:
-                slc.source_offsets.append(r.offset)
-                if i == start or i == n - 1:
-                    kwargs["on_delivery"] = self._slice_callback(slc, first=i == start, last=i == n - 1)
             value = r.value if r.HasField("value") else None
-            while True:
-                try:
-                    produce(dest, value, **kwargs)
-                    break
-                except BufferError:
-                    poll(0.05)  # local queue full: let deliveries drain
+            rkey = r.key if r.HasField("key") else None
+            headers: Any = headers_of(r) if len(r.headers) else None
+            callback = (
+                self._slice_callback(slc, first=i == start, last=i == n - 1)
+                if slc is not None and (i == start or i == n - 1)
+                else None
+            )
+            try:
+                produce(dest, value, rkey, partition, None, callback, r.timestamp_ms, headers)
+            except BufferError:
+                self._produce_when_room((dest, value, rkey, partition, None, callback, r.timestamp_ms, headers))
+        if slc is not None:
+            slc.source_offsets.extend(records[i].offset for i in range(start, n))
         self._txn_records += n - start
         self.stats.records_written += n - start
         if slc is not None:
             self._slices.append(slc)
+
+    def _produce_when_room(self, args: tuple[Any, ...]) -> None:
+        """Retry a produce() refused because the local queue is full, serving deliveries meanwhile."""
+        while True:
+            self._producer.poll(0.05)
+            try:
+                self._producer.produce(*args)
+                return
+            except BufferError:
+                continue
 
     def _slice_callback(self, slc: _Slice, *, first: bool, last: bool) -> Any:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:

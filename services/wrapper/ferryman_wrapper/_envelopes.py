@@ -45,7 +45,9 @@ def build_envelopes(
         value = msg.value()
         # Consumed messages always carry headers as a list of (str, bytes | None).
         headers = cast("list[tuple[str, bytes | None]] | None", msg.headers())
-        rec_size = envelope.record_size(key, value, headers)
+        rec_size = 32 + (len(key) if key else 0) + (len(value) if value else 0)  # record_size(), inlined
+        if headers:
+            rec_size += envelope.record_size(None, None, headers)
         if batch.records and (len(batch.records) >= max_records or size + rec_size > max_bytes):
             last = batch.records[-1].offset
             yield BuiltEnvelope(
