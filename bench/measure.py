@@ -105,7 +105,8 @@ class DestinationWatcher:
             c.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in range(self._partitions)])
             w = self.watch
             while not self._stop.is_set() and w.records < self.expected:
-                msgs = c.consume(num_messages=10_000, timeout=0.1)
+                # A short wait: the receive time stamps latency, so it must not lag the fetch.
+                msgs = c.consume(num_messages=10_000, timeout=0.01)
                 now = time.time()
                 for m in msgs:
                     if m.error() is not None:

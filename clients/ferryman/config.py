@@ -162,7 +162,7 @@ class WrapperConfig(_Model):
     """Source consumer group; default ``ferryman-wrapper.<flow>``."""
     consume_batch_size: int = Field(default=2000, ge=1)
     """Records fetched per consume() call (one Python/C crossing per batch)."""
-    poll_timeout_ms: int = Field(default=100, ge=1)
+    poll_timeout_ms: int = Field(default=50, ge=1)
     """Longest wait for records in one consume() call; bounds shutdown and commit latency."""
     envelope_max_records: int = Field(default=1000, ge=1)
     """Most records packed into one envelope."""
@@ -203,7 +203,7 @@ class DeduperConfig(_Model):
     partitions back at once; a deduper that is gone for good keeps them this long."""
     consume_batch_size: int = Field(default=500, ge=1)
     """Staging records (envelopes) fetched per consume() call."""
-    poll_timeout_ms: int = Field(default=100, ge=1)
+    poll_timeout_ms: int = Field(default=50, ge=1)
     """Longest wait for envelopes in one consume() call."""
     transaction_interval_ms: int = Field(default=500, ge=10)
     """Commit the open transaction once it is this old. Kafka transactions have a

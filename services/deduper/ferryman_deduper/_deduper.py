@@ -457,6 +457,7 @@ class Deduper:
         )
 
     def _close(self) -> None:
+        self._destinations.close()
         try:
             self._consumer.close()
         except KafkaException as exc:

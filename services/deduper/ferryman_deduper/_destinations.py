@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import topics
 from ferryman.errors import FerrymanError
@@ -58,6 +58,7 @@ class DestinationTopics:
         self._specs: dict[tuple[str, str], state_pb2.TopicSpec] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self.producer: Producer | None = None
+        self._tail: Consumer | None = None
 
     def name_of(self, topic: str) -> str:
         """Destination topic name of a source topic."""
@@ -98,9 +99,37 @@ class DestinationTopics:
         if ready is None or ready.partitions < spec.partitions:
             self._materialize(spec, min_partitions=spec.partitions)
 
+    def _tail_specs(self) -> None:
+        """Take spec records published since the last call, without blocking.
+
+        A consumer kept assigned to the spec topic makes this a local queue
+        read; re-reading the topic each time would stall the deduper loop for a
+        consumer start-up every sync.
+        """
+        if self._tail is None:
+            conf = dict(self._consumer_config)
+            conf.update(
+                {"group.id": "ferryman-specs", "enable.auto.commit": False, "isolation.level": "read_committed"}
+            )
+            self._tail = Consumer(conf)
+            self._tail.assign([TopicPartition(self._specs_topic, 0, OFFSET_BEGINNING)])
+        for msg in self._tail.consume(num_messages=1000, timeout=0):
+            value = msg.value()
+            if msg.error() is not None or value is None:
+                continue
+            spec = state_pb2.TopicSpec()
+            spec.ParseFromString(value)
+            self._specs[(spec.cluster_id, spec.topic)] = spec
+
+    def close(self) -> None:
+        """Release the spec-tailing consumer."""
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
+
     def sync_all(self) -> None:
         """Create or grow the destination topic of every known spec (partition growth)."""
-        self.load_specs()
+        self._tail_specs()
         for ident, spec in list(self._specs.items()):
             ready = self._ready.get(ident)
             if ready is None or ready.partitions < spec.partitions:
