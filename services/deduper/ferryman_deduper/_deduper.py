@@ -63,6 +63,8 @@ _ADMIN_TIMEOUT_S = 30.0
 _GRPC_GRACE_S = 5.0
 #: Consecutive failed commits after which wrappers are told to pause.
 _UNAVAILABLE_AFTER_FAILURES = 2
+#: Upper bound of the commit-cost-driven transaction length (see _commit_cost_budget).
+_MAX_ADAPTIVE_TXN_S = 2.0
 _SERVICE_NAMES = ("ferryman.v1.ControlService", "ferryman.v1.DeduperService")
 #: How often destination topics are re-synced with the source specs, so that
 #: partition growth shows up even before the first record of a new partition.
@@ -148,6 +150,7 @@ class Deduper:
         self._gaps: dict[PartitionKey, _Gap] = {}
         self._hub: ControlHub | None = None
         self._next_watermarks = 0.0
+        self._last_commit_s = 0.0
         self._commit_failures = 0
         self._txn_open = False
         self._txn_started = 0.0
@@ -359,13 +362,27 @@ class Deduper:
                 # an error state; the rest of the batch is re-read after the rewind.
                 self._recover(exc, "writing the transaction")
             if self._txn_open and (
-                now - self._txn_started >= interval or self._txn_records >= self._dc.transaction_max_records
+                now - self._txn_started >= max(interval, self._commit_cost_budget())
+                or self._txn_records >= self._dc.transaction_max_records
             ):
+                started = time.monotonic()
                 self._commit("budget")
+                self._last_commit_s = time.monotonic() - started
             if now >= next_sync:
                 self._destinations.sync_all()
                 next_sync = now + _SPEC_SYNC_INTERVAL_S
             self._control_tick(now)
+
+    def _commit_cost_budget(self) -> float:
+        """Shortest transaction worth its commit: commits take at most ~10% of the time.
+
+        When idle a commit takes a few ms and transaction_interval_ms rules (low
+        latency). When catching up, flushing a big transaction takes tens of ms;
+        stretching transactions to 9x the last commit's duration keeps the fixed
+        per-transaction cost small, capped well inside transaction.timeout.ms.
+        """
+        cap = min(_MAX_ADAPTIVE_TXN_S, self._dc.transaction_timeout_ms / 1000 / 4)
+        return min(cap, 9 * self._last_commit_s)
 
     # ---------------------------------------------------------- control link
     def _control_tick(self, now: float) -> None:

@@ -38,8 +38,12 @@ def build_envelopes(
     """
     prev = previous_offset
     batch = envelope_pb2.RecordBatch()
-    size = 0
+    add = batch.records.add
+    count = size = 0
+    last = -1
     ts_types = envelope.TIMESTAMP_TYPES
+    # The hot loop (one pass per source record): locals only, no per-record
+    # function calls beyond the message accessors and the protobuf add().
     for msg in messages:
         key = msg.key()
         value = msg.value()
@@ -48,18 +52,17 @@ def build_envelopes(
         rec_size = 32 + (len(key) if key else 0) + (len(value) if value else 0)  # record_size(), inlined
         if headers:
             rec_size += envelope.record_size(None, None, headers)
-        if batch.records and (len(batch.records) >= max_records or size + rec_size > max_bytes):
-            last = batch.records[-1].offset
+        if count and (count >= max_records or size + rec_size > max_bytes):
             yield BuiltEnvelope(
-                envelope.encode(source, prev, batch, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch),
-                last,
-                len(batch.records),
+                envelope.encode(source, prev, batch, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch), last, count
             )
             prev = last
             batch = envelope_pb2.RecordBatch()
-            size = 0
+            add = batch.records.add
+            count = size = 0
         ts_type, ts = msg.timestamp()
-        rec = batch.records.add(offset=msg.offset(), timestamp_ms=ts, timestamp_type=ts_types.get(ts_type, 0))
+        last = cast(int, msg.offset())
+        rec = add(offset=last, timestamp_ms=ts, timestamp_type=ts_types.get(ts_type, 0))
         if key is not None:
             rec.key = key
         if value is not None:
@@ -67,9 +70,8 @@ def build_envelopes(
         if headers:
             envelope.add_headers(rec, headers)
         size += rec_size
-    if batch.records:
+        count += 1
+    if count:
         yield BuiltEnvelope(
-            envelope.encode(source, prev, batch, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch),
-            batch.records[-1].offset,
-            len(batch.records),
+            envelope.encode(source, prev, batch, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch), last, count
         )
