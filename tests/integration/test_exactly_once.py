@@ -42,9 +42,7 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
                 value = bytes([part % 256]) * NEAR_LIMIT_BYTES
             while True:
                 try:
-                    p.produce(
-                        topic, value=value, key=key, partition=part, headers=headers, timestamp=base_ts + i
-                    )
+                    p.produce(topic, value=value, key=key, partition=part, headers=headers, timestamp=base_ts + i)
                     break
                 except BufferError:
                     p.poll(0.1)
