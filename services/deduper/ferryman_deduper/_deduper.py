@@ -638,8 +638,10 @@ class Deduper:
         slc = _Slice(key, src, dest, []) if self._flow.emit_offset_mappings else None
         # The hot loop: positional produce() arguments (topic, value, key,
         # partition, callback, on_delivery, timestamp, headers) cost about half
-        # of keyword ones; only the first and last record of a run carry a
-        # delivery callback (the offset map needs just those two offsets).
+        # of keyword ones. Only the first and last record of a run carry a
+        # delivery callback (the offset map needs just those two offsets), in
+        # the `callback` slot: a positional on_delivery is ignored when callback
+        # is None.
         for i in range(start, n):
             r = records[i]
             value = r.value if r.HasField("value") else None
@@ -651,9 +653,9 @@ class Deduper:
                 else None
             )
             try:
-                produce(dest, value, rkey, partition, None, callback, r.timestamp_ms, headers)
+                produce(dest, value, rkey, partition, callback, None, r.timestamp_ms, headers)
             except BufferError:
-                self._produce_when_room((dest, value, rkey, partition, None, callback, r.timestamp_ms, headers))
+                self._produce_when_room((dest, value, rkey, partition, callback, None, r.timestamp_ms, headers))
         if slc is not None:
             slc.source_offsets.extend(records[i].offset for i in range(start, n))
         self._txn_records += n - start
@@ -763,11 +765,13 @@ class Deduper:
                 or slc.last_destination_offset - slc.first_destination_offset != count - 1
             ):
                 _log.warning(
-                    "destination offsets of %s are not consecutive (another producer writes %s?); "
-                    "offset mapping for %d records not emitted",
+                    "destination offsets of %s are not consecutive (%d..%d for %d records; another producer "
+                    "writes %s?): offset mapping for them not emitted",
                     slc.key,
-                    slc.destination_topic,
+                    slc.first_destination_offset,
+                    slc.last_destination_offset,
                     count,
+                    slc.destination_topic,
                 )
                 continue
             self._last_dest_offset[slc.key] = slc.last_destination_offset

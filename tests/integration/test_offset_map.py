@@ -1,0 +1,58 @@
+"""The offset map: every committed record's exact source offset -> destination offset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ferryman.v1 import state_pb2
+
+from tests.helpers.kafka import create_topic, produce_sequences, read_all
+from tests.helpers.services import ServiceProcess, flow_config, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluster, unique_name, tmp_path: Path):
+    topic = unique_name("omap")
+    create_topic(source_cluster.bootstrap_servers, topic, 3)
+    # Transactional source: markers leave gaps in source offsets, so the map is not an identity shift.
+    produce_sequences(source_cluster.bootstrap_servers, topic, 3, 700, transactional=True, records_per_transaction=50)
+    flow = unique_name("flow")
+    cfg = write_config(
+        tmp_path / "f.yaml",
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=flow,
+            topics=[topic],
+        ),
+    )
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=2100, timeout_s=90)
+    finally:
+        wrapper.stop()
+        deduper.stop()
+    maps = read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.offset-map.internal")
+    src_by_offset = {(p, r.offset): r.value for p, recs in src.items() for r in recs}
+    dst_by_offset = {(p, r.offset): r.value for p, recs in dst.items() for r in recs}
+    mapped: dict[tuple[int, int], int] = {}
+    for recs in maps.values():
+        for rec in recs:
+            assert rec.value is not None
+            m = state_pb2.OffsetMapping.FromString(rec.value)
+            assert m.source.topic == topic
+            assert m.destination_topic == f"src.{topic}"
+            assert m.destination_partition == m.source.partition
+            for i, so in enumerate(m.source_offsets):
+                key = (m.source.partition, so)
+                assert key not in mapped, f"source offset {key} mapped twice"
+                mapped[key] = m.first_destination_offset + i
+    # Every source record is mapped, to the destination record with the same content.
+    assert set(mapped) == set(src_by_offset)
+    for (p, so), do in mapped.items():
+        assert dst_by_offset[(p, do)] == src_by_offset[(p, so)]
+    assert any(so != do for (_, so), do in mapped.items())
