@@ -24,6 +24,7 @@ transactional.id stops this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -147,6 +148,7 @@ class Deduper:
         self._slices: list[_Slice] = []
         self._next_offsets: dict[int, int] = {}
         self._owned: set[int] = set()
+        self._restoring: set[int] = set()
         self._gaps: dict[PartitionKey, _Gap] = {}
         self._hub: ControlHub | None = None
         self._next_watermarks = 0.0
@@ -352,6 +354,7 @@ class Deduper:
             if self._fatal is not None:
                 raise self._fatal
             self._check_consumer()
+            self._finish_restores()
             now = time.monotonic()
             try:
                 for msg in msgs:
@@ -942,19 +945,44 @@ class Deduper:
         self._guard("partition assignment", self._assign, consumer, partitions)
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Take new staging partitions paused; their state is restored from the loop.
+
+        Blocking calls (committed offsets, reading the state topic) must not run
+        inside a rebalance callback: librdkafka may need the very thread that
+        runs the callback to complete them, and committed() then times out.
+        """
         if not partitions:
             return
         parts = sorted(tp.partition for tp in partitions)
+        tps = [TopicPartition(self._names.staging_topic, sp) for sp in parts]
+        consumer.incremental_assign(tps)
+        consumer.pause(tps)
+        self._restoring.update(parts)
+        _log.info("assigned staging partitions %s; restoring their state before processing", parts)
+
+    def _finish_restores(self) -> None:
+        """Restore state of newly assigned partitions, then let them flow (loop thread)."""
+        if not self._restoring:
+            return
+        parts = sorted(self._restoring)
         positions = self._restore(parts)
-        consumer.incremental_assign([TopicPartition(self._names.staging_topic, sp, positions[sp]) for sp in parts])
+        tps = [TopicPartition(self._names.staging_topic, sp, positions[sp]) for sp in parts]
+        for tp in tps:
+            # A partition not fetching yet refuses the seek; it then starts from
+            # the same committed offset (librdkafka asks for stable offsets).
+            with contextlib.suppress(KafkaException):
+                self._consumer.seek(tp)
+        self._consumer.resume(tps)
+        self._restoring.clear()
         self._owned.update(parts)
-        _log.info("assigned staging partitions %s (now own %s)", parts, sorted(self._owned))
+        _log.info("staging partitions %s ready (now own %s)", parts, sorted(self._owned))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._guard("partition revocation", self._revoke, consumer, partitions)
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False) -> None:
         parts = {tp.partition for tp in partitions}
+        self._restoring -= parts
         if self._txn_open:
             if lost:
                 # Our generation is gone: the offsets commit would be refused.

@@ -1,0 +1,191 @@
+"""Packing consumed records into envelopes (ferryman_wrapper._envelopes.build_envelopes)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from ferryman import envelope
+from ferryman.v1 import envelope_pb2
+from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes
+
+from tests.unit._fakes import (
+    TS_CREATE_TIME,
+    TS_LOG_APPEND_TIME,
+    TS_NOT_AVAILABLE,
+    FakeMessage,
+    Seen,
+    as_messages,
+    random_messages,
+    sparse_offsets,
+)
+
+SRC = envelope_pb2.SourcePartition(cluster_id="c-1", topic="orders", topic_id=b"\x07" * 16, partition=3)
+
+
+def build(
+    msgs: list[FakeMessage], previous_offset: int = -1, *, max_records: int = 1000, max_bytes: int = 512 * 1024
+) -> list[BuiltEnvelope]:
+    return list(
+        build_envelopes(
+            as_messages(msgs),
+            SRC,
+            previous_offset,
+            wrapper_id="wrapper-a",
+            wrapper_epoch=4,
+            max_records=max_records,
+            max_bytes=max_bytes,
+        )
+    )
+
+
+def decoded(built: list[BuiltEnvelope]) -> list[envelope.DecodedEnvelope]:
+    return [envelope.decode(b.value) for b in built]
+
+
+def size_of(msg: FakeMessage) -> int:
+    return envelope.record_size(msg.key(), msg.value(), msg.headers())
+
+
+# ---------------------------------------------------------------- byte-faithful
+
+
+def test_every_field_survives_byte_for_byte() -> None:
+    msgs = [
+        FakeMessage(0, None, b"v0"),
+        FakeMessage(1, b"k1", None),  # tombstone
+        FakeMessage(2, b"", b""),  # empty, not null
+        FakeMessage(3, None, None),
+        FakeMessage(5, b"\x00\xff", bytes(range(256)), [("h", b"1"), ("h", b"2"), ("n", None), ("e", b"")]),
+        FakeMessage(6, b"k", b"v", [], timestamp_ms=42, timestamp_type=TS_LOG_APPEND_TIME),
+        FakeMessage(9, b"k", b"v", None, timestamp_ms=-1, timestamp_type=TS_NOT_AVAILABLE),
+    ]
+    (env,) = decoded(build(msgs, previous_offset=-1))
+    assert env.source == SRC
+    assert (env.wrapper_id, env.wrapper_epoch) == ("wrapper-a", 4)
+    assert [Seen.of_record(r) for r in env.records] == [Seen.of_message(m) for m in msgs]
+
+
+def test_unknown_timestamp_type_is_unspecified_not_a_guess() -> None:
+    (env,) = decoded(build([FakeMessage(0, timestamp_type=7)]))
+    assert env.records[0].timestamp_type == envelope_pb2.TIMESTAMP_TYPE_UNSPECIFIED
+
+
+def test_large_value_survives() -> None:
+    big = random.Random(3).randbytes(2 * 1024 * 1024 + 17)
+    built = build([FakeMessage(0, b"k", b"small"), FakeMessage(1, b"k", big)], max_bytes=1024 * 1024)
+    assert [b.record_count for b in built] == [1, 1]
+    env = decoded(built)[1]
+    assert env.records[0].value == big
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_records_round_trip(seed: int) -> None:
+    rng = random.Random(seed)
+    msgs = random_messages(rng, sparse_offsets(rng, rng.randint(1, 120)))
+    envs = decoded(build(msgs, max_records=rng.randint(1, 30), max_bytes=rng.choice([1, 200, 2000, 1 << 20])))
+    assert [Seen.of_record(r) for e in envs for r in e.records] == [Seen.of_message(m) for m in msgs]
+
+
+# ---------------------------------------------------------------- the chain
+
+
+@pytest.mark.parametrize("previous_offset", [-1, 0, 41, 10**12])
+def test_the_chain_links_each_envelope_to_the_last_offset_of_the_one_before(previous_offset: int) -> None:
+    offsets = [previous_offset + d for d in (1, 2, 4, 5, 9, 10, 30, 31, 32)]
+    built = build([FakeMessage(o) for o in offsets], previous_offset, max_records=2)
+    envs = decoded(built)
+    assert [e.previous_offset for e in envs] == [previous_offset] + [e.last_offset for e in envs[:-1]]
+    assert [b.last_offset for b in built] == [e.last_offset for e in envs]
+    assert [b.record_count for b in built] == [len(e.records) for e in envs]
+    assert [r.offset for e in envs for r in e.records] == offsets
+
+
+def test_nothing_to_pack_builds_nothing() -> None:
+    assert build([]) == []
+
+
+def test_previous_offset_is_passed_through_even_below_a_hole() -> None:
+    # After a rewind to a marker the link is next_offset - 1, which is no record.
+    (env,) = decoded(build([FakeMessage(12), FakeMessage(13)], previous_offset=10))
+    assert env.previous_offset == 10
+    assert env.first_offset == 12
+
+
+# ---------------------------------------------------------------- chunking
+
+
+@pytest.mark.parametrize(("n", "max_records", "expected"), [(10, 4, [4, 4, 2]), (8, 4, [4, 4]), (3, 1, [1, 1, 1])])
+def test_chunks_by_max_records(n: int, max_records: int, expected: list[int]) -> None:
+    built = build([FakeMessage(i) for i in range(n)], max_records=max_records)
+    assert [b.record_count for b in built] == expected
+
+
+def test_chunks_by_max_bytes() -> None:
+    msgs = [FakeMessage(i, b"k", b"x" * 100) for i in range(10)]
+    per_record = size_of(msgs[0])
+    built = build(msgs, max_bytes=3 * per_record)
+    assert [b.record_count for b in built] == [3, 3, 3, 1]
+    built = build(msgs, max_bytes=3 * per_record - 1)
+    assert [b.record_count for b in built] == [2, 2, 2, 2, 2]
+
+
+def test_headers_count_towards_the_size_budget() -> None:
+    headers = [("trace", b"x" * 200)]
+    plain = [FakeMessage(i, b"k", b"v") for i in range(4)]
+    with_headers = [FakeMessage(i, b"k", b"v", headers) for i in range(4)]
+    budget = 3 * size_of(plain[0])
+    assert [b.record_count for b in build(plain, max_bytes=budget)] == [3, 1]
+    assert [b.record_count for b in build(with_headers, max_bytes=budget)] == [1, 1, 1, 1]
+
+
+def test_a_record_larger_than_max_bytes_gets_its_own_envelope() -> None:
+    msgs = [
+        FakeMessage(0, b"k", b"a" * 10),
+        FakeMessage(1, b"k", b"a" * 10),
+        FakeMessage(2, b"k", b"y" * 5000),
+        FakeMessage(3, b"k", b"a" * 10),
+        FakeMessage(4, b"k", b"z" * 5000),
+        FakeMessage(5, b"k", b"z" * 5000),
+    ]
+    built = build(msgs, max_bytes=1000)
+    assert [[r.offset for r in e.records] for e in decoded(built)] == [[0, 1], [2], [3], [4], [5]]
+
+
+def test_first_oversized_record_is_not_preceded_by_an_empty_envelope() -> None:
+    built = build([FakeMessage(0, b"k", b"y" * 5000)], max_bytes=100)
+    assert [b.record_count for b in built] == [1]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_envelopes_respect_both_limits(seed: int) -> None:
+    rng = random.Random(seed)
+    msgs = random_messages(rng, sparse_offsets(rng, rng.randint(1, 150)), max_len=rng.choice([10, 100, 500]))
+    max_records = rng.randint(1, 20)
+    max_bytes = rng.choice([50, 300, 1500, 10_000])
+    envs = decoded(build(msgs, rng.randint(-1, 5), max_records=max_records, max_bytes=max_bytes))
+    by_offset = {m.offset(): m for m in msgs}
+    for env in envs:
+        sizes = [size_of(by_offset[r.offset]) for r in env.records]
+        assert 1 <= len(sizes) <= max_records
+        assert len(sizes) == 1 or sum(sizes) <= max_bytes
+    assert sum(len(e.records) for e in envs) == len(msgs)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_envelopes_are_filled_greedily(seed: int) -> None:
+    rng = random.Random(seed)
+    msgs = [
+        replace(m, headers_=None)
+        for m in random_messages(rng, sparse_offsets(rng, rng.randint(1, 150)), max_len=rng.choice([10, 100, 500]))
+    ]
+    max_records = rng.randint(1, 20)
+    max_bytes = rng.choice([50, 300, 1500, 10_000])
+    envs = decoded(build(msgs, max_records=max_records, max_bytes=max_bytes))
+    index = 0
+    for env in envs[:-1]:
+        sizes = [size_of(m) for m in msgs[index : index + len(env.records)]]
+        index += len(sizes)
+        # Cut only because the next record did not fit, by count or by size.
+        assert len(sizes) == max_records or sum(sizes) + size_of(msgs[index]) > max_bytes
