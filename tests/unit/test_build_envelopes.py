@@ -11,10 +11,10 @@ from ferryman.v1 import envelope_pb2
 from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes
 
 from tests.unit._fakes import (
-    TS_CREATE_TIME,
     TS_LOG_APPEND_TIME,
     TS_NOT_AVAILABLE,
     FakeMessage,
+    Headers,
     Seen,
     as_messages,
     random_messages,
@@ -132,7 +132,7 @@ def test_chunks_by_max_bytes() -> None:
 
 
 def test_headers_count_towards_the_size_budget() -> None:
-    headers = [("trace", b"x" * 200)]
+    headers: Headers = [("trace", b"x" * 200)]
     plain = [FakeMessage(i, b"k", b"v") for i in range(4)]
     with_headers = [FakeMessage(i, b"k", b"v", headers) for i in range(4)]
     budget = 3 * size_of(plain[0])

@@ -230,7 +230,9 @@ class Deduper:
         if len(self.written) != hi or self.written[lo:] != self.expected[lo:hi]:
             got = [s.offset for s in self.written[lo:]]
             want = self.offsets[lo:hi]
-            raise ModelViolationError(f"after watermark {before}: wrote {got}, source has {want} up to {self.watermark}")
+            raise ModelViolationError(
+                f"after watermark {before}: wrote {got}, the source has {want} up to {self.watermark}"
+            )
 
     def resend(self) -> None:
         """Ask the wrapper for the gap's records over the control link (as _control.py serves it)."""

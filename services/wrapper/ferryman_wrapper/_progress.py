@@ -59,10 +59,9 @@ class ProgressTracker:
         part = self._parts.get(key)
         if part is None or part.failed:
             return
-        # Reports of one partition come in send order; drop anything stale
-        # (an envelope sent before a rewind of this partition).
-        while part.in_flight and part.in_flight[0] < last_offset:
-            part.in_flight.popleft()
+        # Reports of one partition come in send order, so a report for anything
+        # but the oldest pending envelope is stale (sent before a rewind) and
+        # must not move the commit point past envelopes still in flight.
         if part.in_flight and part.in_flight[0] == last_offset:
             part.in_flight.popleft()
             part.acked_upto = max(part.acked_upto, last_offset)
