@@ -29,7 +29,7 @@ from ferryman.errors import ConfigError
 DEFAULT_TOPICS_EXCLUDE: tuple[str, ...] = (r"__.*", r".*[-.]internal", r".*\.replica")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_SECRET_WORDS = ("password", "secret", "token", "key.pem", "private")
+_SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "oauthbearer.config", "jaas", "credential")
 
 
 class _Model(BaseModel):

@@ -18,7 +18,7 @@ from tenacity import (
     Retrying,
     before_sleep_log,
     retry_if_exception,
-    stop_after_delay,
+    stop_before_delay,
     wait_exponential,
 )
 
@@ -110,7 +110,8 @@ def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
     """
     retrying = Retrying(
         retry=retry_if_exception(_is_retriable),
-        stop=stop_after_delay(budget_s),
+        # stop_before_delay: never start a wait that would end past the budget.
+        stop=stop_before_delay(budget_s),
         # 50 ms first: CONCURRENT_TRANSACTIONS clears within tens of ms
         # (KAFKA-5477); capped at 1 s so a long outage is polled, not slept.
         wait=wait_exponential(multiplier=0.05, max=1.0),

@@ -1,0 +1,392 @@
+"""Loading the configuration (ferryman.config.load_config): file, env overrides, kafka-reo variables."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+from ferryman.config import SEED_ENV, ClusterConfig, FerrymanConfig, load_config
+from ferryman.errors import ConfigError, FerrymanError
+from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
+from pydantic import ValidationError
+
+FULL = """
+clusters:
+  east:
+    bootstrap_servers: "east-1:9092,east-2:9092"
+  west:
+    bootstrap_servers: "west-1:9093"
+    client_config:
+      security.protocol: SASL_SSL
+      sasl.mechanism: SCRAM-SHA-512
+      sasl.username: ferry
+      sasl.password: hunter2
+flows:
+  - name: east-to-west
+    source: east
+    target: west
+    topics: ["orders\\\\..*", "payments"]
+    topics_exclude: ["orders\\\\.tmp"]
+    naming: {policy: prefix, separator: "_", rename: {payments: pay}}
+    exactly_once: true
+    staging_partitions: 24
+    start_position: latest
+    on_topic_recreated: halt
+wrapper:
+  instance_id: w-1
+  envelope_max_records: 250
+  commit_interval_ms: 2000
+deduper:
+  instance_id: d-1
+  transaction_interval_ms: 250
+rpc:
+  auth_token: s3cr3t-token
+  tls: {ca_file: /etc/ferryman/ca.pem}
+"""
+
+MINIMAL = """
+clusters:
+  a: {bootstrap_servers: "h1:9092"}
+  b: {bootstrap_servers: "h2:9092"}
+flows:
+  - {name: f1, source: a, target: b}
+"""
+
+SEED = {
+    "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS": "src-1:9092,src-2:9092",
+    "KAFKA_CLUSTERS_SOURCE_TOPIC": "in.events",
+    "KAFKA_CLUSTERS_DESTINATION_BOOTSTRAP_SERVERS": "dst-1:9092",
+    "KAFKA_CLUSTERS_DESTINATION_TOPIC": "out-events",
+}
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ferryman.yaml"
+    path.write_text(text)
+    return path
+
+
+def _error(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(_file(tmp_path, text), env=env or {})
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- the file
+
+
+def test_full_file_is_parsed_into_typed_values(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, FULL), env={})
+    assert cfg.clusters["east"].bootstrap_servers == "east-1:9092,east-2:9092"
+    assert cfg.clusters["west"].client_config["sasl.mechanism"] == "SCRAM-SHA-512"
+    flow = cfg.flow(None)
+    assert flow.name == "east-to-west"
+    assert (flow.source, flow.target) == ("east", "west")
+    assert flow.topics == [r"orders\..*", "payments"]
+    assert flow.topics_exclude == [r"orders\.tmp"]
+    assert (flow.naming.policy, flow.naming.separator, flow.naming.rename) == ("prefix", "_", {"payments": "pay"})
+    assert flow.staging_partitions == 24
+    assert flow.start_position == "latest"
+    assert flow.on_topic_recreated == "halt"
+    assert (cfg.wrapper.instance_id, cfg.wrapper.envelope_max_records, cfg.wrapper.commit_interval_ms) == (
+        "w-1",
+        250,
+        2000,
+    )
+    assert (cfg.deduper.instance_id, cfg.deduper.transaction_interval_ms) == ("d-1", 250)
+    assert cfg.rpc.auth_token is not None and cfg.rpc.auth_token.get_secret_value() == "s3cr3t-token"
+    assert cfg.rpc.tls.ca_file == Path("/etc/ferryman/ca.pem")
+    assert cfg.rpc.tls.enabled
+
+
+def test_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, MINIMAL), env={})
+    flow = cfg.flow(None)
+    assert flow.topics == [".*"]
+    assert flow.topics_exclude == [r"__.*", r".*[-.]internal", r".*\.replica"]
+    assert flow.naming.policy == "prefix" and flow.naming.separator == "."
+    assert flow.exactly_once
+    assert flow.staging_partitions == 12
+    assert flow.start_position == "earliest"
+    assert flow.on_topic_recreated == "reset"
+    assert flow.staging_topic is None
+    assert cfg.rpc.auth_token is None
+    assert not cfg.rpc.tls.enabled
+
+
+def test_configuration_is_frozen(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, MINIMAL), env={})
+    with pytest.raises(ValidationError):
+        cfg.deduper.instance_id = "other"
+    with pytest.raises(ValidationError):
+        cfg.flows[0].staging_partitions = 1
+
+
+@pytest.mark.parametrize(
+    ("original", "typo", "where"),
+    [
+        ("flows:", "flowz:", "flowz"),
+        ("{name: f1,", "{nmae: f1,", "flows.0.nmae"),
+        ('a: {bootstrap_servers: "h1:9092"}', 'a: {bootstrap_server: "h1:9092"}', "clusters.a.bootstrap_server"),
+        ("target: b}", "target: b, naming: {polcy: identity}}", "flows.0.naming.polcy"),
+    ],
+)
+def test_unknown_fields_are_rejected_naming_the_field(tmp_path: Path, original: str, typo: str, where: str) -> None:
+    message = _error(tmp_path, MINIMAL.replace(original, typo, 1))
+    assert re.search(rf"^\s*{re.escape(where)}: Extra inputs are not permitted", message, re.M), message
+    assert str(tmp_path / "ferryman.yaml") in message
+
+
+def test_unknown_field_in_a_service_section_is_rejected(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL + "deduper: {transaction_interval: 100}\n")
+    assert "deduper.transaction_interval: Extra inputs are not permitted" in message
+
+
+@pytest.mark.parametrize("field", ["topics", "topics_exclude"])
+def test_invalid_regex_is_rejected(tmp_path: Path, field: str) -> None:
+    message = _error(tmp_path, MINIMAL.replace("target: b}", f'target: b, {field}: ["ok", "orders[("]}}'))
+    assert f"flows.0.{field}" in message
+    assert "invalid topic regex 'orders[('" in message
+
+
+@pytest.mark.parametrize("role", ["source", "target"])
+def test_undefined_cluster_alias_is_rejected(tmp_path: Path, role: str) -> None:
+    text = MINIMAL.replace(f"{role}: {'a' if role == 'source' else 'b'}", f"{role}: nowhere")
+    message = _error(tmp_path, text)
+    assert f"{role} cluster 'nowhere' is not defined" in message
+    assert "['a', 'b']" in message  # what is defined
+
+
+def test_duplicate_flow_names_are_rejected(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL + "  - {name: f1, source: b, target: a}\n")
+    assert "flow names must be unique" in message
+
+
+def test_identity_naming_onto_the_same_cluster_is_rejected(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL.replace("target: b}", "target: a, naming: {policy: identity}}"))
+    assert "would loop" in message
+
+
+@pytest.mark.parametrize("name", ["has space", "slash/name", "", "ünï"])
+def test_flow_names_must_be_usable_in_topic_and_transactional_ids(tmp_path: Path, name: str) -> None:
+    message = _error(tmp_path, MINIMAL.replace("name: f1", f'name: "{name}"'))
+    assert "flows.0.name" in message
+
+
+@pytest.mark.parametrize(
+    ("replacement", "where"),
+    [
+        ("target: b, staging_partitions: 0}", "flows.0.staging_partitions"),
+        ("target: b, start_position: middle}", "flows.0.start_position"),
+        ("target: b, on_topic_recreated: ignore}", "flows.0.on_topic_recreated"),
+    ],
+)
+def test_out_of_range_values_are_rejected(tmp_path: Path, replacement: str, where: str) -> None:
+    assert where in _error(tmp_path, MINIMAL.replace("target: b}", replacement))
+
+
+def test_malformed_files(tmp_path: Path) -> None:
+    assert "mapping at the top level" in _error(tmp_path, "- a list\n")
+    assert "not valid YAML" in _error(tmp_path, "clusters: {a: [\n")
+    assert "clusters: Field required" in _error(tmp_path, "")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml", env={})
+
+
+def test_config_error_is_a_ferryman_error() -> None:
+    assert issubclass(ConfigError, FerrymanError)
+
+
+# ---------------------------------------------------------------- environment overrides
+
+
+def test_env_overrides_nested_fields(tmp_path: Path) -> None:
+    cfg = load_config(
+        _file(tmp_path, MINIMAL),
+        env={
+            "FERRYMAN_DEDUPER__INSTANCE_ID": "deduper-7",
+            "FERRYMAN_WRAPPER__ENVELOPE_MAX_RECORDS": "50",
+            "FERRYMAN_CLUSTERS__A__BOOTSTRAP_SERVERS": "other:1",
+            "FERRYMAN_RPC__TLS__REQUIRE_CLIENT_CERT": "true",
+        },
+    )
+    assert cfg.deduper.instance_id == "deduper-7"
+    assert cfg.wrapper.envelope_max_records == 50
+    assert cfg.clusters["a"].bootstrap_servers == "other:1"
+    assert cfg.rpc.tls.require_client_cert is True
+
+
+def test_env_overrides_win_over_the_file(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, FULL), env={"FERRYMAN_DEDUPER__INSTANCE_ID": "from-env"})
+    assert cfg.deduper.instance_id == "from-env"
+    assert cfg.deduper.transaction_interval_ms == 250  # the rest of the section is kept
+
+
+def test_unrelated_environment_is_ignored(tmp_path: Path) -> None:
+    cfg = load_config(
+        _file(tmp_path, MINIMAL),
+        env={"FERRYMAN_CONFIG": "/x.yaml", "HOME": "/root", "FERRYMANX__Y": "1", "FERRYMAN_TEST_SOURCE_BOOTSTRAP": "h"},
+    )
+    assert cfg == load_config(_file(tmp_path, MINIMAL), env={})
+
+
+def test_env_override_with_a_bad_value_names_the_field(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL, env={"FERRYMAN_WRAPPER__ENVELOPE_MAX_RECORDS": "lots"})
+    assert "wrapper.envelope_max_records" in message
+
+
+def test_env_override_of_an_unknown_field_is_rejected(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL, env={"FERRYMAN_DEDUPER__INSTANCEID": "d"})
+    assert "deduper.instanceid: Extra inputs are not permitted" in message
+
+
+def test_env_override_through_a_value_is_rejected(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL, env={"FERRYMAN_CLUSTERS__A__BOOTSTRAP_SERVERS__X": "1"})
+    assert "FERRYMAN_CLUSTERS__A__BOOTSTRAP_SERVERS__X" in message
+    assert "not a section" in message
+
+
+def test_process_environment_is_read_when_no_env_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRYMAN_DEDUPER__INSTANCE_ID", "from-os-environ")
+    assert load_config(_file(tmp_path, MINIMAL)).deduper.instance_id == "from-os-environ"
+
+
+# ---------------------------------------------------------------- kafka-reo variables
+
+
+def test_kafka_reo_variables_alone_make_a_complete_flow() -> None:
+    cfg = load_config(None, env=SEED)
+    flow = cfg.flow(None)
+    assert len(cfg.flows) == 1
+    assert cfg.clusters[flow.source].bootstrap_servers == "src-1:9092,src-2:9092"
+    assert cfg.clusters[flow.target].bootstrap_servers == "dst-1:9092"
+    assert NamingPolicy(flow.source, flow.naming).destination_topic("in.events") == "out-events"
+    assert flow.exactly_once
+
+
+def test_kafka_reo_flow_replicates_exactly_the_one_topic() -> None:
+    flow = load_config(None, env=SEED).flow(None)
+    topics = TopicFilter.of(flow)
+    assert topics.matches("in.events")
+    for other in ("inXevents", "in.events2", "xin.events", "in", "out-events", "__consumer_offsets"):
+        assert not topics.matches(other), other
+
+
+@pytest.mark.parametrize(
+    ("source_topic", "destination_topic"),
+    [
+        ("same-name", "same-name"),
+        ("orders+v1 (legacy)", "orders.v1"),  # regex metacharacters are escaped
+        ("audit.internal", "audit-copy"),  # would be excluded by the default exclude list
+        ("__audit", "audit"),
+        ("events.replica", "events"),
+    ],
+)
+def test_kafka_reo_topic_names_are_taken_literally(source_topic: str, destination_topic: str) -> None:
+    env = SEED | {"KAFKA_CLUSTERS_SOURCE_TOPIC": source_topic, "KAFKA_CLUSTERS_DESTINATION_TOPIC": destination_topic}
+    flow = load_config(None, env=env).flow(None)
+    assert TopicFilter.of(flow).matches(source_topic)
+    assert NamingPolicy(flow.source, flow.naming).destination_topic(source_topic) == destination_topic
+
+
+def test_kafka_reo_optional_variables() -> None:
+    env = SEED | {"APPLICATION_NAME": "billing-replicator", "KAFKA_CLUSTERS_DESTINATION_TOPIC_PROXY": "billing.proxy"}
+    flow = load_config(None, env=env).flow(None)
+    assert flow.name == "billing-replicator"
+    assert FlowNames.of(flow).staging_topic == "billing.proxy"
+
+
+def test_kafka_reo_variables_take_ferryman_overrides() -> None:
+    cfg = load_config(None, env=SEED | {"FERRYMAN_DEDUPER__INSTANCE_ID": "d-9"})
+    assert cfg.deduper.instance_id == "d-9"
+
+
+_SUBSETS = [set(subset) for n in range(1, len(SEED_ENV)) for subset in itertools.combinations(SEED_ENV, n)]
+
+
+@pytest.mark.parametrize("present", _SUBSETS, ids=lambda s: "only-" + "+".join(sorted(s)))
+def test_incomplete_kafka_reo_variables_name_everything_missing(present: set[str]) -> None:
+    with pytest.raises(ConfigError, match="incomplete") as info:
+        load_config(None, env={k: SEED[k] for k in present})
+    message = str(info.value)
+    for name in SEED_ENV:
+        assert (name in message) == (name not in present), name
+
+
+def test_empty_kafka_reo_variable_counts_as_missing() -> None:
+    with pytest.raises(ConfigError, match=r"missing KAFKA_CLUSTERS_DESTINATION_TOPIC$"):
+        load_config(None, env=SEED | {"KAFKA_CLUSTERS_DESTINATION_TOPIC": ""})
+
+
+def test_no_configuration_at_all_says_how_to_give_one() -> None:
+    with pytest.raises(ConfigError, match="no configuration") as info:
+        load_config(None, env={})
+    assert "--config" in str(info.value)
+    assert all(name in str(info.value) for name in SEED_ENV)
+
+
+# ---------------------------------------------------------------- secrets and flow selection
+
+
+@pytest.mark.parametrize(
+    "prop",
+    [
+        "sasl.password",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "ssl.key.pem",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "SASL.PASSWORD",
+    ],
+)
+def test_secret_client_properties_are_masked(prop: str) -> None:
+    cluster = ClusterConfig(
+        bootstrap_servers="h:9092", client_config={prop: "hunter2", "security.protocol": "SASL_SSL"}
+    )
+    for text in (repr(cluster), str(cluster), f"{cluster}", repr({"c": cluster})):
+        assert "hunter2" not in text
+        assert prop in text  # the key stays visible, for debugging
+        assert "SASL_SSL" in text  # non-secret values are printed
+        assert "h:9092" in text
+
+
+def test_properties_librdkafka_flags_sensitive_are_masked() -> None:
+    # librdkafka marks sasl.oauthbearer.config _RK_SENSITIVE (it is handed to the
+    # OAuth callback and commonly carries client credentials).
+    cluster = ClusterConfig(
+        bootstrap_servers="h:9092", client_config={"sasl.oauthbearer.config": "clientSecret=hunter2"}
+    )
+    assert "hunter2" not in repr(cluster)
+
+
+def test_secrets_are_masked_in_the_whole_configuration(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, FULL), env={})
+    for text in (repr(cfg), str(cfg), repr(cfg.clusters), repr(cfg.rpc)):
+        assert "hunter2" not in text
+        assert "s3cr3t-token" not in text
+
+
+def test_a_single_flow_is_chosen_without_a_name(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, MINIMAL), env={})
+    assert cfg.flow(None) is cfg.flows[0]
+    assert cfg.flow("f1") is cfg.flows[0]
+
+
+def test_several_flows_need_an_explicit_choice(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, MINIMAL + "  - {name: f2, source: b, target: a}\n"), env={})
+    with pytest.raises(ConfigError, match="2 flows; choose one with --flow") as info:
+        cfg.flow(None)
+    assert "f1" in str(info.value) and "f2" in str(info.value)
+    assert cfg.flow("f2").source == "b"
+    with pytest.raises(ConfigError, match="no flow named 'f3'"):
+        cfg.flow("f3")
+
+
+def test_no_flows_at_all_is_an_error_when_one_is_needed() -> None:
+    cfg = FerrymanConfig(clusters={"a": ClusterConfig(bootstrap_servers="h")}, flows=[])
+    with pytest.raises(ConfigError, match="none defined"):
+        cfg.flow(None)

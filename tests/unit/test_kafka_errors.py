@@ -1,0 +1,191 @@
+"""Kafka errors by class (ferryman.kafka_errors), on real confluent_kafka.KafkaError objects."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from ferryman.errors import FerrymanError, KafkaOperationError
+from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
+
+
+def err(code: int, *, fatal: bool = False, retriable: bool = False, txn_requires_abort: bool = False) -> KafkaError:
+    return KafkaError(
+        code, f"test error {code}", fatal=fatal, retriable=retriable, txn_requires_abort=txn_requires_abort
+    )
+
+
+def test_the_constructor_sets_the_flags_classify_reads() -> None:
+    e = err(KafkaError._STATE, fatal=True, retriable=True, txn_requires_abort=True)
+    assert (e.code(), e.fatal(), e.retriable(), e.txn_requires_abort()) == (KafkaError._STATE, True, True, True)
+    plain = KafkaError(KafkaError._STATE)
+    assert (plain.fatal(), plain.retriable(), plain.txn_requires_abort()) == (False, False, False)
+
+
+# ---------------------------------------------------------------- classify
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        # Another producer owns our transactional.id: fenced, whatever the flags say.
+        (err(KafkaError._FENCED, fatal=True), ErrorClass.FENCED),
+        (err(KafkaError._FENCED), ErrorClass.FENCED),
+        (err(KafkaError.PRODUCER_FENCED), ErrorClass.FENCED),
+        (err(KafkaError.PRODUCER_FENCED, fatal=True), ErrorClass.FENCED),
+        (err(KafkaError.PRODUCER_FENCED, txn_requires_abort=True), ErrorClass.FENCED),
+        (err(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True), ErrorClass.FENCED),
+        (err(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fatal=True), ErrorClass.FENCED),
+        # Fatal: rebuild the client; fatal wins over the softer flags.
+        (err(KafkaError._FATAL, fatal=True), ErrorClass.FATAL),
+        (err(KafkaError._STATE, fatal=True, txn_requires_abort=True), ErrorClass.FATAL),
+        (err(KafkaError._TIMED_OUT, fatal=True, retriable=True), ErrorClass.FATAL),
+        (err(KafkaError.UNSUPPORTED_VERSION, fatal=True), ErrorClass.FATAL),
+        # Abortable: abort, rewind, begin again; abort wins over retriable.
+        (err(KafkaError._STATE, txn_requires_abort=True), ErrorClass.ABORTABLE),
+        (err(KafkaError.NOT_ENOUGH_REPLICAS, txn_requires_abort=True, retriable=True), ErrorClass.ABORTABLE),
+        (err(KafkaError.ILLEGAL_GENERATION), ErrorClass.ABORTABLE),
+        (err(KafkaError.UNKNOWN_MEMBER_ID), ErrorClass.ABORTABLE),
+        (err(KafkaError.REBALANCE_IN_PROGRESS), ErrorClass.ABORTABLE),
+        # Retriable: same call again within the budget.
+        (err(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True), ErrorClass.RETRIABLE),
+        (err(KafkaError.CONCURRENT_TRANSACTIONS, retriable=True), ErrorClass.RETRIABLE),
+        (err(KafkaError._TIMED_OUT), ErrorClass.RETRIABLE),
+        (err(KafkaError._TRANSPORT), ErrorClass.RETRIABLE),
+        # Anything else we do not understand is fatal.
+        (err(KafkaError.TOPIC_AUTHORIZATION_FAILED), ErrorClass.FATAL),
+        (err(KafkaError._INVALID_ARG), ErrorClass.FATAL),
+    ],
+    ids=lambda v: v.name() if isinstance(v, KafkaError) else None,
+)
+def test_classify(error: KafkaError, expected: ErrorClass) -> None:
+    assert classify(error) is expected
+    # The same error raised by a client call classifies the same.
+    assert classify(KafkaException(error)) is expected
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ValueError("not kafka"), RuntimeError(), KafkaException(), KafkaException("just a string"), BufferError()],
+    ids=["ValueError", "RuntimeError", "KafkaException-empty", "KafkaException-str", "BufferError"],
+)
+def test_exceptions_without_a_kafka_error_are_fatal(exc: BaseException) -> None:
+    assert classify(exc) is ErrorClass.FATAL
+
+
+def test_kafka_error_of() -> None:
+    e = err(KafkaError._TIMED_OUT)
+    assert kafka_error_of(KafkaException(e)) is e
+    assert kafka_error_of(KafkaException("x")) is None
+    assert kafka_error_of(ValueError(e)) is None
+
+
+# ---------------------------------------------------------------- retry_retriable
+
+
+def test_retriable_errors_are_retried_until_success() -> None:
+    calls = 0
+
+    def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise KafkaException(err(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True))
+        return "done"
+
+    assert retry_retriable(flaky, what="committing", budget_s=5) == "done"
+    assert calls == 3
+
+
+def test_success_at_once_calls_once() -> None:
+    calls = 0
+
+    def op() -> int:
+        nonlocal calls
+        calls += 1
+        return 42
+
+    assert retry_retriable(op, what="x", budget_s=5) == 42
+    assert calls == 1
+
+
+def test_retriable_errors_past_the_budget_become_kafka_operation_error() -> None:
+    calls = 0
+    last = KafkaException(err(KafkaError._TIMED_OUT, retriable=True))
+
+    def always() -> None:
+        nonlocal calls
+        calls += 1
+        raise last
+
+    with pytest.raises(KafkaOperationError, match="flushing the producer did not succeed") as info:
+        retry_retriable(always, what="flushing the producer", budget_s=0.15)
+    assert calls > 1
+    assert info.value.__cause__ is last
+    assert isinstance(info.value, FerrymanError)
+
+
+def test_retrying_stays_within_the_budget() -> None:
+    """budget_s is the total time allowed, including waits between attempts."""
+    budget_s = 0.4
+
+    def always() -> None:
+        raise KafkaException(err(KafkaError._TIMED_OUT, retriable=True))
+
+    started = time.monotonic()
+    with pytest.raises(KafkaOperationError):
+        retry_retriable(always, what="op", budget_s=budget_s)
+    elapsed = time.monotonic() - started
+    assert elapsed <= budget_s + 0.1, f"took {elapsed:.2f}s on a {budget_s}s budget"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        err(KafkaError._FENCED, fatal=True),
+        err(KafkaError._FATAL, fatal=True),
+        err(KafkaError._STATE, txn_requires_abort=True),
+        err(KafkaError.ILLEGAL_GENERATION),
+        err(KafkaError.TOPIC_AUTHORIZATION_FAILED),
+    ],
+    ids=lambda e: e.name(),
+)
+def test_non_retriable_kafka_errors_pass_through_at_once(error: KafkaError) -> None:
+    calls = 0
+    raised = KafkaException(error)
+
+    def op() -> None:
+        nonlocal calls
+        calls += 1
+        raise raised
+
+    with pytest.raises(KafkaException) as info:
+        retry_retriable(op, what="op", budget_s=5)
+    assert info.value is raised
+    assert not isinstance(info.value, KafkaOperationError)
+    assert calls == 1
+
+
+def test_foreign_exceptions_pass_through_at_once() -> None:
+    calls = 0
+
+    def op() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        retry_retriable(op, what="op", budget_s=5)
+    assert calls == 1
+
+
+def test_a_retriable_error_then_a_fatal_one_surfaces_the_fatal_one() -> None:
+    errors = [err(KafkaError._TRANSPORT, retriable=True), err(KafkaError._FENCED, fatal=True)]
+
+    def op() -> None:
+        raise KafkaException(errors.pop(0))
+
+    with pytest.raises(KafkaException) as info:
+        retry_retriable(op, what="op", budget_s=5)
+    assert classify(info.value) is ErrorClass.FENCED
