@@ -26,10 +26,12 @@ from ferryman.rpc._interceptors import (
     default_server_interceptors,
 )
 from ferryman.rpc._server import RpcServer, build_server
+from ferryman.rpc._serving import GRPC_GRACE_S, serving
 
 __all__ = [
     "CHANNEL_OPTIONS",
     "ERROR_DOMAIN",
+    "GRPC_GRACE_S",
     "MAX_MESSAGE_BYTES",
     "OPEN_METHOD_PREFIXES",
     "AuthInterceptor",
@@ -44,6 +46,7 @@ __all__ = [
     "error_reason",
     "open_channel",
     "rpc_error_from",
+    "serving",
     "status_code_for",
     "to_status",
 ]

@@ -49,7 +49,7 @@ from ferryman.envelope import headers_of
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
 from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
-from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
@@ -60,8 +60,6 @@ from ferryman_deduper._destinations import DestinationTopics
 _log = logging.getLogger(__name__)
 
 _ADMIN_TIMEOUT_S = 30.0
-#: Time given to in-flight RPCs when the gRPC server stops at shutdown.
-_GRPC_GRACE_S = 5.0
 #: Consecutive failed commits after which wrappers are told to pause.
 _UNAVAILABLE_AFTER_FAILURES = 2
 #: Upper bound of the commit-cost-driven transaction length (see _commit_cost_budget).
@@ -287,7 +285,8 @@ class Deduper:
         the gRPC server.
         """
         self._hub = ControlHub(self.instance_id, self._flow.name)
-        self._server = build_server(
+        with serving(
+            "deduper",
             listen_address=self._listen_address,
             rpc=self._rpc,
             register=[
@@ -295,14 +294,8 @@ class Deduper:
                 lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(DeduperStatusServicer(self.status), s),
             ],
             service_names=_SERVICE_NAMES,
-            interceptors=default_server_interceptors(self._rpc),
-        )
-        self._server.start()
-        _log.info("deduper gRPC server listening on port %d", self._server.port)
-        try:
+        ) as self._server:
             self._run_kafka()
-        finally:
-            self._server.stop(_GRPC_GRACE_S)
 
     @property
     def port(self) -> int:

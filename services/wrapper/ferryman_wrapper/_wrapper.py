@@ -39,7 +39,7 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
-from ferryman.rpc import build_server, default_server_interceptors
+from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
@@ -55,8 +55,6 @@ _ADMIN_TIMEOUT_S = 30.0
 #: Staging records are kept a week by default: longer than any deduper outage
 #: we plan for, and long enough for an audit to look back.
 _STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
-#: Time given to in-flight RPCs when the gRPC server stops at shutdown.
-_GRPC_GRACE_S = 5.0
 _SERVICE_NAME = "ferryman.v1.WrapperService"
 
 
@@ -197,21 +195,16 @@ class Wrapper:
         flush staging writes and commit what was acknowledged, close the
         control links, stop the gRPC server.
         """
-        self._server = build_server(
+        with serving(
+            "wrapper",
             listen_address=self._listen_address,
             rpc=self._config.rpc,
             register=[
                 lambda s: control_pb2_grpc.add_WrapperServiceServicer_to_server(WrapperStatusServicer(self.status), s)
             ],
             service_names=[_SERVICE_NAME],
-            interceptors=default_server_interceptors(self._config.rpc),
-        )
-        self._server.start()
-        _log.info("wrapper gRPC server listening on port %d", self._server.port)
-        try:
+        ) as self._server:
             self._run_kafka()
-        finally:
-            self._server.stop(_GRPC_GRACE_S)
 
     @property
     def port(self) -> int:
