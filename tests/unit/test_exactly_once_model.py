@@ -49,7 +49,7 @@ KEY = PartitionKey("orders", 3)
 TOPIC_ID = b"\x5e" * 16
 SOURCE = envelope_pb2.SourcePartition(cluster_id="src", topic="orders", topic_id=TOPIC_ID, partition=3)
 
-DecideFn = Callable[[PartitionState | None, bytes, int, Sequence[envelope_pb2.Record]], Decision]
+DecideFn = Callable[[PartitionState | None, bytes, int, Sequence[int]], Decision]
 
 
 class ModelViolationError(AssertionError):
@@ -208,10 +208,10 @@ class Deduper:
 
     def apply(self, env: envelope.DecodedEnvelope) -> None:
         before = self.watermark
-        d = self.decide_fn(self.state, env.source.topic_id, env.previous_offset, env.records)
+        d = self.decide_fn(self.state, env.source.topic_id, env.previous_offset, env.run.offsets)
         if d.verdict is Verdict.ACCEPT:
             assert d.new_state is not None
-            self.written.extend(Seen.of_record(r) for r in env.records[d.start :])
+            self.written.extend(Seen.of_run(env.run)[d.start :])
             self.state = d.new_state
             if self.gap is not None and self.watermark >= self.gap[0]:
                 self.gap = None
@@ -362,10 +362,10 @@ def test_the_model_really_produces_gaps_duplicates_and_replays() -> None:
     partial = 0
 
     def counting(
-        state: PartitionState | None, topic_id: bytes, previous_offset: int, records: Sequence[envelope_pb2.Record]
+        state: PartitionState | None, topic_id: bytes, previous_offset: int, offsets: Sequence[int]
     ) -> Decision:
         nonlocal partial
-        d = decide(state, topic_id, previous_offset, records)
+        d = decide(state, topic_id, previous_offset, offsets)
         seen[d.verdict] += 1
         partial += d.verdict is Verdict.ACCEPT and d.start > 0
         return d
@@ -382,28 +382,28 @@ def test_the_model_really_produces_gaps_duplicates_and_replays() -> None:
 
 
 def _ignores_gaps(
-    state: PartitionState | None, topic_id: bytes, previous_offset: int, records: Sequence[envelope_pb2.Record]
+    state: PartitionState | None, topic_id: bytes, previous_offset: int, offsets: Sequence[int]
 ) -> Decision:
-    d = decide(state, topic_id, previous_offset, records)
+    d = decide(state, topic_id, previous_offset, offsets)
     if d.verdict is Verdict.GAP:
-        return Decision(Verdict.ACCEPT, 0, PartitionState(records[-1].offset, topic_id))
+        return Decision(Verdict.ACCEPT, 0, PartitionState(offsets[-1], topic_id))
     return d
 
 
 def _rewrites_the_watermark_record(
-    state: PartitionState | None, topic_id: bytes, previous_offset: int, records: Sequence[envelope_pb2.Record]
+    state: PartitionState | None, topic_id: bytes, previous_offset: int, offsets: Sequence[int]
 ) -> Decision:
-    d = decide(state, topic_id, previous_offset, records)
+    d = decide(state, topic_id, previous_offset, offsets)
     if d.verdict is Verdict.ACCEPT and d.start > 0:
         return replace(d, start=d.start - 1)
     return d
 
 
 def _links_by_offset_minus_one(
-    state: PartitionState | None, topic_id: bytes, previous_offset: int, records: Sequence[envelope_pb2.Record]
+    state: PartitionState | None, topic_id: bytes, previous_offset: int, offsets: Sequence[int]
 ) -> Decision:
     # The classic mistake: treating any hole in the offsets as missing records.
-    return decide(state, topic_id, records[0].offset - 1, records)
+    return decide(state, topic_id, offsets[0] - 1, offsets)
 
 
 @pytest.mark.parametrize("mutant", [_ignores_gaps, _rewrites_the_watermark_record, _links_by_offset_minus_one])

@@ -88,7 +88,7 @@ def test_to_status_bounds_the_message_and_never_sends_an_empty_one() -> None:
     assert to_status(ValueError()).message == "ValueError"
 
 
-class _FakeCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class _FakeCall(grpc.RpcError, grpc.Call):
     """What a failed call raises on the client: an RpcError that is also a Call."""
 
     def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str | bytes], ...] = ()):
@@ -100,7 +100,8 @@ class _FakeCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     def details(self) -> str:
         return self._details
 
-    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+    # grpc-stubs type RpcError.trailing_metadata and Call.trailing_metadata differently; a real call returns this.
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:  # type: ignore[override]
         return self._trailing
 
     def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
@@ -109,7 +110,7 @@ class _FakeCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     def is_active(self) -> bool:
         return False
 
-    def time_remaining(self) -> float | None:
+    def time_remaining(self) -> float | None:  # type: ignore[override]  # None without a deadline; the stub says float
         return None
 
     def cancel(self) -> bool:

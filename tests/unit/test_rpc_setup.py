@@ -11,10 +11,11 @@ from ferryman.config import RpcConfig, TlsConfig
 from ferryman.errors import ConfigError
 from ferryman.rpc import AuthInterceptor, ErrorMappingInterceptor, TracingInterceptor, default_server_interceptors
 from ferryman.rpc._tls import channel_credentials, server_credentials
+from pydantic import SecretStr
 
 
 def test_default_interceptors_outermost_first() -> None:
-    with_token = default_server_interceptors(RpcConfig(auth_token="t"))
+    with_token = default_server_interceptors(RpcConfig(auth_token=SecretStr("t")))
     assert [type(i) for i in with_token] == [ErrorMappingInterceptor, AuthInterceptor, TracingInterceptor]
     without = default_server_interceptors(RpcConfig())
     assert [type(i) for i in without] == [ErrorMappingInterceptor, TracingInterceptor]
@@ -26,7 +27,7 @@ class _Details:
         self.invocation_metadata = metadata
 
 
-_REAL = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+_REAL: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
 
 
 def _intercept(method: str, *metadata: tuple[str, str | bytes]) -> Any:
