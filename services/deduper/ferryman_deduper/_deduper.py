@@ -56,6 +56,7 @@ from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatusServicer
 from ferryman_deduper._decide import PartitionState, Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
+from ferryman_deduper._gaps import Filled, GapTracker
 
 _log = logging.getLogger(__name__)
 
@@ -80,16 +81,6 @@ class _Slice:
     source_offsets: list[int]
     first_destination_offset: int = -1
     last_destination_offset: int = -1
-
-
-@dataclass
-class _Gap:
-    """Source records a partition is waiting for."""
-
-    source: envelope_pb2.SourcePartition
-    missing_from: int
-    missing_to: int
-    requested_at: float = 0.0
 
 
 @dataclass
@@ -147,7 +138,7 @@ class Deduper:
         self._next_offsets: dict[int, int] = {}
         self._owned: set[int] = set()
         self._restoring: set[int] = set()
-        self._gaps: dict[PartitionKey, _Gap] = {}
+        self._gaps = GapTracker()
         self._hub: ControlHub | None = None
         self._next_watermarks = 0.0
         self._last_commit_s = 0.0
@@ -407,19 +398,18 @@ class Deduper:
                 _log.error("resend request %d could not be served: %s", answer.request_id, answer.error)
             for env_msg in answer.envelopes:
                 self._process_resent(env_msg)
-        for gap in self._gaps.values():
-            if now - gap.requested_at >= self._dc.resend_retry_s:
-                request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to)
-                if request_id is not None:
-                    gap.requested_at = now
-                    _log.warning(
-                        "asked for source records %s-%d %d..%d again (request %d)",
-                        gap.source.topic,
-                        gap.source.partition,
-                        gap.missing_from,
-                        gap.missing_to,
-                        request_id,
-                    )
+        for _key, gap in self._gaps.due(now, self._dc.resend_retry_s):
+            request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to)
+            if request_id is not None:
+                gap.mark_requested(now)
+                _log.warning(
+                    "asked for source records %s-%d %d..%d again (request %d)",
+                    gap.source.topic,
+                    gap.source.partition,
+                    gap.missing_from,
+                    gap.missing_to,
+                    request_id,
+                )
         if now >= self._next_watermarks:
             self._next_watermarks = now + self._dc.watermark_interval_s
             hub.broadcast(control_pb2.ConnectResponse(watermarks=control_pb2.Watermarks(partitions=self._watermarks())))
@@ -583,17 +573,8 @@ class Deduper:
         verdict = d.verdict
         if verdict is Verdict.ACCEPT:
             self._write(key, src, env.records, d.start)
-            gap = self._gaps.pop(key, None)
-            if gap is not None:
-                if resent:
-                    self.stats.gaps_healed += 1
-                _log.warning(
-                    "gap in %s closed: records %d..%d arrived %s",
-                    key,
-                    gap.missing_from,
-                    gap.missing_to,
-                    "over the control link (resend)" if resent else "through staging",
-                )
+            assert d.new_state is not None  # an ACCEPT always moves the watermark
+            self._fill_gap(key, d.new_state.watermark, resent=resent)
         elif verdict is Verdict.DUPLICATE:
             self.stats.duplicates_dropped += len(env.records)
         elif verdict is Verdict.GAP:
@@ -602,10 +583,29 @@ class Deduper:
         elif verdict is Verdict.STALE_TOPIC:
             self.stats.stale_topic_envelopes += 1
 
+    def _fill_gap(self, key: PartitionKey, watermark: int, *, resent: bool) -> None:
+        """Account for an accepted envelope that moved key's watermark to watermark."""
+        filled, gap = self._gaps.accepted(key, watermark)
+        if gap is None:
+            return
+        via = "over the control link (resend)" if resent else "through staging"
+        if filled is Filled.CLOSED:
+            if resent:
+                self.stats.gaps_healed += 1
+            _log.warning("gap in %s closed: records %d..%d arrived %s", key, gap.first_missing, gap.missing_to, via)
+        elif filled is Filled.REST_DUE:
+            _log.warning(
+                "gap in %s partly filled: records %d..%d arrived %s; asking for %d..%d now",
+                key,
+                gap.first_missing,
+                watermark,
+                via,
+                watermark + 1,
+                gap.missing_to,
+            )
+
     def _note_gap(self, key: PartitionKey, src: envelope_pb2.SourcePartition, missing_from: int, upto: int) -> None:
-        gap = self._gaps.get(key)
-        if gap is None or gap.missing_from != missing_from:
-            self._gaps[key] = _Gap(src, missing_from, upto)
+        if self._gaps.note(key, src, missing_from, upto):
             _log.error(
                 "GAP in source partition %s: have up to offset %d, the next envelope follows offset %d; records "
                 "%d..%d have not arrived. Holding the partition until they do (not skipping)%s.",
@@ -616,8 +616,6 @@ class Deduper:
                 upto,
                 "; asking the wrapper to resend them" if self._hub is not None else "",
             )
-        else:
-            gap.missing_to = max(gap.missing_to, upto)
 
     def _write(
         self,
