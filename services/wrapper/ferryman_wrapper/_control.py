@@ -6,6 +6,11 @@ only reads flags it sets (pause) and enqueues messages for it (progress,
 specs); if the link is down those are dropped, and a pause is lifted (the
 data path fails open, exactly-once does not depend on this link).
 
+Topic specs are sent "on connect and whenever they change" (control.proto):
+``send()`` refuses until the deduper's Welcome is back, so right after the
+Welcome the link sends the specs of that moment itself. A spec changed during
+the handshake is then either in that snapshot or accepted by ``send()``.
+
 ``ResendWorker`` answers resend requests with envelopes read again from the
 source, on its own consumer and thread.
 """
@@ -16,11 +21,13 @@ import logging
 import queue
 import random
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ferryman.config import RpcConfig
 from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
@@ -37,6 +44,33 @@ RESEND_CHUNK_BYTES = 3 * 1024 * 1024
 _OUTBOUND_POLL_S = 0.5
 #: First reconnect delay; doubles up to RpcConfig.connect_backoff_max_s.
 _BACKOFF_INITIAL_S = 0.2
+#: Messages queued for one stream at most; a link that cannot keep up drops
+#: (progress and specs are re-sent, resend answers are asked for again).
+_OUTBOUND_MAX = 1000
+#: Budget for reading one requested range back from the source: consumer
+#: start-up, a leader lookup and the fetches of a range of a few MB over a slow
+#: link. What was read by then is sent; the deduper asks again for the rest.
+RESEND_READ_BUDGET_S = 30.0
+#: consume() returns early only when its batch is full, and a resend range is
+#: usually smaller than a batch: each call blocks at most this long, so the
+#: end of the range (or of the partition) is noticed within it.
+_RESEND_POLL_S = 0.1
+
+
+@dataclass
+class _Stream:
+    """The outbound side of one Connect stream (each stream has its own queue).
+
+    A queue per stream means a request generator left over from a stream that
+    just ended can never take a message meant for its successor.
+    """
+
+    outbound: queue.Queue[control_pb2.ConnectRequest] = field(
+        default_factory=lambda: queue.Queue(maxsize=_OUTBOUND_MAX)
+    )
+    welcomed: bool = False
+    """The deduper accepted the Hello: sends are taken."""
+    ended: threading.Event = field(default_factory=threading.Event)
 
 
 class ControlLink:
@@ -61,11 +95,22 @@ class ControlLink:
         self._on_resend = on_resend
         self._on_watermarks = on_watermarks
         self._stop = threading.Event()
-        self._outbound: queue.Queue[control_pb2.ConnectRequest] = queue.Queue(maxsize=1000)
         self._thread = threading.Thread(target=self._run, name=f"control-{address}", daemon=True)
         self._call: Any = None
-        self.connected = False
+        self._stream: _Stream | None = None
         self.connects = 0
+        """Streams opened so far (each attempt counts)."""
+
+    @property
+    def connected(self) -> bool:
+        """True while a stream is up and the deduper has welcomed this wrapper."""
+        stream = self._stream
+        return stream is not None and stream.welcomed and not stream.ended.is_set()
+
+    @property
+    def running(self) -> bool:
+        """True from start() until stop() has ended the link's thread."""
+        return self._thread.is_alive()
 
     def start(self) -> None:
         """Start connecting in the background."""
@@ -77,26 +122,25 @@ class ControlLink:
         call = self._call
         if call is not None:
             call.cancel()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def send(self, request: control_pb2.ConnectRequest) -> bool:
         """Queue a message; False (dropped) while the link is down or saturated."""
-        if not self.connected:
+        stream = self._stream  # read once: the link thread replaces it on reconnect
+        if stream is None or not stream.welcomed or stream.ended.is_set():
             return False
         try:
-            self._outbound.put_nowait(request)
+            stream.outbound.put_nowait(request)
         except queue.Full:
             return False
         return True
 
-    def _requests(self, generation: int) -> Iterator[control_pb2.ConnectRequest]:
+    def _requests(self, stream: _Stream) -> Iterator[control_pb2.ConnectRequest]:
         yield control_pb2.ConnectRequest(hello=self._hello())
-        specs = self._specs()
-        if specs:
-            yield control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=specs))
-        while not self._stop.is_set() and generation == self.connects:
+        while not self._stop.is_set() and not stream.ended.is_set():
             try:
-                yield self._outbound.get(timeout=_OUTBOUND_POLL_S)
+                yield stream.outbound.get(timeout=_OUTBOUND_POLL_S)
             except queue.Empty:
                 continue
 
@@ -109,13 +153,15 @@ class ControlLink:
                 _log.exception("cannot open a channel to %s", self.address)
                 self._stop.wait(backoff)
                 continue
+            stream = _Stream()
             try:
                 self.connects += 1
+                self._stream = stream
                 stub = control_pb2_grpc.ControlServiceStub(channel)
-                self._call = stub.Connect(self._requests(self.connects))
+                self._call = stub.Connect(self._requests(stream))
                 for response in self._call:
                     backoff = _BACKOFF_INITIAL_S
-                    self._dispatch(response)
+                    self._dispatch(response, stream)
             except grpc.RpcError as exc:
                 err = rpc_error_from(exc)
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -124,29 +170,34 @@ class ControlLink:
                 elif not self._stop.is_set():
                     _log.warning("control link to %s down: %s", self.address, err)
             finally:
-                self._disconnected()
+                self._disconnected(stream)
                 channel.close()
             if self._stop.wait(backoff * random.uniform(0.8, 1.2)):  # jitter: no reconnect storms
                 break
             backoff = min(backoff * 2, self._rpc.connect_backoff_max_s)
 
-    def _disconnected(self) -> None:
-        if self.connected:
+    def _disconnected(self, stream: _Stream) -> None:
+        if stream.welcomed:
             _log.warning("control link to %s lost; the data path goes on without it", self.address)
-        self.connected = False
+        stream.ended.set()  # sends are refused and the request generator ends
         self._call = None
         # Fail open: a pause asked for over a link that is gone is lifted.
         self._on_backpressure(False, "control link lost")
-        while True:
-            try:
-                self._outbound.get_nowait()
-            except queue.Empty:
-                break
 
-    def _dispatch(self, response: control_pb2.ConnectResponse) -> None:
+    def _dispatch(self, response: control_pb2.ConnectResponse, stream: _Stream) -> None:
         kind = response.WhichOneof("kind")
         if kind == "welcome":
-            self.connected = True
+            # Accept sends first, then take the snapshot: a spec that changes in
+            # between is in the snapshot or in a send, never in neither.
+            stream.welcomed = True
+            specs = self._specs()
+            if specs:
+                try:
+                    stream.outbound.put_nowait(
+                        control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=specs))
+                    )
+                except queue.Full:
+                    _log.warning("control link to %s saturated: topic specs not sent on connect", self.address)
             w = response.welcome
             _log.info(
                 "control link to deduper %s at %s up (protocol %d.%d, flows %s)",
@@ -174,17 +225,28 @@ class ResendWorker:
         wrapper_id: str,
         max_records: int,
         max_bytes: int,
-        timeout_s: float,
+        read_budget_s: float,
         topic_id: Callable[[str], bytes | None],
     ) -> None:
+        """Create the worker (not started).
+
+        Args:
+            consumer_config: source consumer settings (bootstrap, security, group id).
+            wrapper_id: identity written into the envelopes.
+            max_records: records per envelope at most.
+            max_bytes: bytes per envelope at most.
+            read_budget_s: budget for reading one requested range back from the source.
+            topic_id: the current topic id of a source topic, None if unknown.
+        """
         self._consumer_config = consumer_config
         self._topic_id = topic_id
         self._wrapper_id = wrapper_id
         self._max_records = max_records
         self._max_bytes = max_bytes
-        self._timeout_s = timeout_s
+        self._read_budget_s = read_budget_s
         self._queue: queue.Queue[tuple[control_pb2.ResendRequest, ControlLink] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="resend", daemon=True)
+        self._stopping = threading.Event()
         self.served = 0
 
     def start(self) -> None:
@@ -192,7 +254,8 @@ class ResendWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current request."""
+        """Stop; a request being read is abandoned (the deduper asks again)."""
+        self._stopping.set()
         self._queue.put(None)
         self._thread.join(timeout=10)
 
@@ -210,6 +273,8 @@ class ResendWorker:
                 self._serve(request, link)
                 self.served += 1
             except Exception as exc:
+                if self._stopping.is_set():
+                    return  # shutting down: the deduper asks again once a wrapper is back
                 _log.exception("resend request %d failed", request.request_id)
                 link.send(
                     control_pb2.ConnectRequest(
@@ -260,7 +325,7 @@ class ResendWorker:
         if not sent:
             raise ConnectionError("control link down while answering a resend request; the deduper will ask again")
 
-    def _read(self, src: envelope_pb2.SourcePartition, from_offset: int, to_offset: int) -> list[Any]:
+    def _read(self, src: envelope_pb2.SourcePartition, from_offset: int, to_offset: int) -> list[Message]:
         conf = dict(self._consumer_config)
         conf.update(
             {
@@ -268,32 +333,76 @@ class ResendWorker:
                 "enable.partition.eof": True,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "error",
+                # The end of the partition is only seen through a fetch answer;
+                # do not let the broker hold one for 500 ms (librdkafka default).
+                "fetch.wait.max.ms": 20,
             }
         )
         consumer = Consumer(conf)
-        out: list[Any] = []
         try:
             consumer.assign([TopicPartition(src.topic, src.partition, from_offset)])
-            done = False
-            while not done:
-                batch = consumer.consume(num_messages=1000, timeout=self._timeout_s)
-                if not batch:
-                    raise TimeoutError(f"no data from {src.topic}-{src.partition} within {self._timeout_s:.0f}s")
-                for msg in batch:
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            done = True
-                            break
-                        raise RuntimeError(
-                            f"reading {src.topic}-{src.partition} from {from_offset}: {err.str()} (records may no "
-                            "longer be in the source log)"
-                        )
-                    offset = msg.offset()
-                    if offset is not None and offset > to_offset:
-                        done = True
-                        break
-                    out.append(msg)
+            return read_range(
+                lambda timeout_s: consumer.consume(num_messages=1000, timeout=timeout_s),
+                f"{src.topic}-{src.partition}",
+                from_offset,
+                to_offset,
+                deadline=time.monotonic() + self._read_budget_s,
+                stopping=self._stopping,
+            )
         finally:
             consumer.close()
-        return out
+
+
+def read_range(
+    consume: Callable[[float], Sequence[Message]],
+    what: str,
+    from_offset: int,
+    to_offset: int,
+    *,
+    deadline: float,
+    stopping: threading.Event | None = None,
+) -> list[Message]:
+    """Records from_offset..to_offset of one partition, from a consumer positioned at from_offset.
+
+    Returns as soon as the record at to_offset (or any later offset) is read, or
+    the end of the partition is reached (a ``_PARTITION_EOF`` event): never waits
+    for a full batch. A read that runs out of time returns what it has, if anything.
+
+    Args:
+        consume: ``consume(timeout_s)`` of the positioned consumer.
+        what: the partition, for messages.
+        from_offset: first offset wanted.
+        to_offset: last offset wanted (inclusive).
+        deadline: ``time.monotonic()`` by which to give up.
+        stopping: set when the answer is no longer wanted.
+
+    Raises:
+        TimeoutError: nothing was read by the deadline.
+        RuntimeError: the consumer failed (e.g. the range left the source log), or stopping was set.
+    """
+    out: list[Message] = []
+    while True:
+        if stopping is not None and stopping.is_set():
+            raise RuntimeError(f"stopping: resend of {what} abandoned")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if out:
+                _log.warning("read %s only up to offset %s within the budget", what, out[-1].offset())
+                return out
+            raise TimeoutError(f"no data from {what} from offset {from_offset} within the budget")
+        for msg in consume(min(_RESEND_POLL_S, remaining)):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise RuntimeError(
+                    f"reading {what} from {from_offset}: {err.str()} (records may no longer be in the source log)"
+                )
+            offset = msg.offset()
+            if offset is None:
+                continue
+            if offset > to_offset:
+                return out
+            out.append(msg)
+            if offset == to_offset:
+                return out

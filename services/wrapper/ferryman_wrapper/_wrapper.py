@@ -43,7 +43,7 @@ from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
-from ferryman_wrapper._control import ControlLink, ResendWorker
+from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
 from ferryman_wrapper._envelopes import build_envelopes
 from ferryman_wrapper._progress import ProgressTracker
 from ferryman_wrapper._specs import SpecPublisher
@@ -319,7 +319,7 @@ class Wrapper:
             wrapper_id=self.wrapper_id,
             max_records=self._wc.envelope_max_records,
             max_bytes=self._wc.envelope_max_bytes,
-            timeout_s=_ADMIN_TIMEOUT_S,
+            read_budget_s=RESEND_READ_BUDGET_S,
             topic_id=lambda t: spec.topic_id if (spec := self._specs.published.get(t)) is not None else None,
         )
         self._resender.start()
