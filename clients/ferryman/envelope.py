@@ -9,6 +9,8 @@ per source record, while every source record keeps its own coordinates.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -28,11 +30,16 @@ TIMESTAMP_TYPES = {
     1: envelope_pb2.TIMESTAMP_TYPE_CREATE_TIME,
     2: envelope_pb2.TIMESTAMP_TYPE_LOG_APPEND_TIME,
 }
+#: The proto enum value is confluent-kafka's code plus this (see TIMESTAMP_TYPES).
+TIMESTAMP_TYPE_SHIFT = 1
 
 #: Bytes an envelope adds around its records, generously: source coordinates
 #: (topic name up to 249 bytes, cluster id, topic id), wrapper id, trace
 #: context and protobuf tags. Staging limits are sized with this headroom.
 ENVELOPE_OVERHEAD_BYTES = 4096
+
+
+Headers = list[tuple[str, bytes | None]]
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> int:
@@ -43,13 +50,54 @@ def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[
     return size
 
 
+@dataclass(frozen=True, slots=True)
+class RecordRun:
+    """A run of consecutive records of one source partition, column by column.
+
+    The codec's in-memory form on both sides: the wrapper fills the columns
+    straight from consumed messages, the deduper zips them into ``produce()``
+    calls. Every column has one entry per record, except ``timestamp_types``
+    (one entry when every record has the same type) and ``headers`` (sparse).
+    """
+
+    offsets: Sequence[int]
+    """Source offsets, strictly increasing."""
+    timestamps_ms: Sequence[int]
+    """Record timestamps, milliseconds since the epoch."""
+    timestamp_types: Sequence[int]
+    """``TimestampType`` values: one per record, or one for all."""
+    keys: Sequence[bytes | None]
+    """Keys, None for a null key."""
+    values: Sequence[bytes | None]
+    """Values, None for a null value (tombstone)."""
+    headers: Sequence[tuple[int, Headers]] = ()
+    """(record index, headers) of the records that have headers, by index."""
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def timestamp_type(self, i: int) -> int:
+        """Timestamp type of record i."""
+        types = self.timestamp_types
+        return types[0] if len(types) == 1 else types[i]
+
+    def header_column(self) -> list[Headers | None] | None:
+        """Headers as one entry per record (None: no headers), or None when no record has any."""
+        if not self.headers:
+            return None
+        column: list[Headers | None] = [None] * len(self.offsets)
+        for i, h in self.headers:
+            column[i] = h
+        return column
+
+
 @dataclass(frozen=True)
 class DecodedEnvelope:
     """A decoded and checksum-verified envelope."""
 
     source: envelope_pb2.SourcePartition
     previous_offset: int
-    records: Sequence[envelope_pb2.Record]
+    run: RecordRun
     wrapper_id: str
     wrapper_epoch: int
     wrapped_at_ms: int
@@ -58,15 +106,149 @@ class DecodedEnvelope:
     @property
     def first_offset(self) -> int:
         """Offset of the first record."""
-        return self.records[0].offset
+        return self.run.offsets[0]
 
     @property
     def last_offset(self) -> int:
         """Offset of the last record."""
-        return self.records[-1].offset
+        return self.run.offsets[-1]
+
+
+def _with_nulls(column: Sequence[bytes], nulls: Sequence[int], n: int) -> list[bytes | None]:
+    """One entry per record from a columnar keys/values field (see RecordBatch)."""
+    if not column:
+        return [None] * n
+    out: list[bytes | None] = list(column)
+    for i in nulls:
+        out[i] = None
+    return out
+
+
+def _null_split(column: Sequence[bytes | None]) -> tuple[Sequence[bytes | None], list[int] | None]:
+    """A keys/values column as written: (entries, null indexes), or ([], None) when all are null."""
+    if all(column):  # the common case, checked in C: no null and no empty entry
+        return column, None
+    nulls = [i for i, b in enumerate(column) if b is None]
+    if not nulls:
+        return column, None
+    if len(nulls) == len(column):
+        return [], None
+    return [b"" if b is None else b for b in column], nulls
+
+
+def batch_of(run: RecordRun) -> envelope_pb2.RecordBatch:
+    """The columnar RecordBatch of a run."""
+    keys, null_keys = _null_split(run.keys)
+    values, null_values = _null_split(run.values)
+    batch = envelope_pb2.RecordBatch(
+        offsets=run.offsets,
+        timestamps_ms=run.timestamps_ms,
+        timestamp_types=run.timestamp_types,  # type: ignore[arg-type]  # ints are the enum's values
+        keys=keys,  # type: ignore[arg-type]  # no None left: _null_split replaced them
+        values=values,  # type: ignore[arg-type]
+    )
+    if null_keys:
+        batch.null_keys.extend(null_keys)
+    if null_values:
+        batch.null_values.extend(null_values)
+    for index, headers in run.headers:
+        rh = batch.headers.add(index=index)
+        for hkey, hvalue in headers:
+            h = rh.headers.add(key=hkey)
+            if hvalue is not None:
+                h.value = hvalue
+    return batch
+
+
+def run_of(batch: envelope_pb2.RecordBatch) -> RecordRun:
+    """The run a RecordBatch holds, in either form (columnar, or rows from 0.1 wrappers).
+
+    Raises:
+        EnvelopeError: the batch is empty or its columns are inconsistent.
+    """
+    if batch.records:
+        if batch.offsets or batch.timestamps_ms or batch.keys or batch.values or batch.headers:
+            raise EnvelopeError("record batch holds both the row and the columnar form")
+        return _run_of_rows(batch.records)
+    offsets = list(batch.offsets)
+    n = len(offsets)
+    types = list(batch.timestamp_types)
+    if (
+        not n
+        or len(batch.timestamps_ms) != n
+        or len(types) not in (1, n)
+        or len(batch.keys) not in (0, n)
+        or len(batch.values) not in (0, n)
+    ):
+        raise EnvelopeError(
+            f"inconsistent columnar batch: {n} offsets, {len(batch.timestamps_ms)} timestamps, "
+            f"{len(types)} timestamp types, {len(batch.keys)} keys, {len(batch.values)} values"
+        )
+    if n > 1 and not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+        raise EnvelopeError("columnar batch offsets are not strictly increasing")
+    if any(not 0 <= i < n for i in itertools.chain(batch.null_keys, batch.null_values)):
+        raise EnvelopeError("columnar batch null index out of range")
+    headers: list[tuple[int, Headers]] = []
+    for rh in batch.headers:
+        if not 0 <= rh.index < n or (headers and rh.index <= headers[-1][0]):
+            raise EnvelopeError(f"columnar batch header index {rh.index} out of order or range")
+        headers.append((rh.index, [(h.key, h.value if h.HasField("value") else None) for h in rh.headers]))
+    return RecordRun(
+        offsets=offsets,
+        timestamps_ms=list(batch.timestamps_ms),
+        timestamp_types=types,
+        keys=_with_nulls(batch.keys, batch.null_keys, n),
+        values=_with_nulls(batch.values, batch.null_values, n),
+        headers=headers,
+    )
+
+
+def _run_of_rows(records: Sequence[envelope_pb2.Record]) -> RecordRun:
+    offsets = [r.offset for r in records]
+    if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+        raise EnvelopeError("record batch offsets are not strictly increasing")
+    return RecordRun(
+        offsets=offsets,
+        timestamps_ms=[r.timestamp_ms for r in records],
+        timestamp_types=[r.timestamp_type for r in records],
+        keys=[r.key if r.HasField("key") else None for r in records],
+        values=[r.value if r.HasField("value") else None for r in records],
+        headers=[(i, headers_of(r)) for i, r in enumerate(records) if r.headers],
+    )
 
 
 def encode(
+    source: envelope_pb2.SourcePartition,
+    previous_offset: int,
+    run: RecordRun,
+    *,
+    wrapper_id: str,
+    wrapper_epoch: int,
+    trace_context: dict[str, str] | None = None,
+) -> bytes:
+    """Serialize a run of records of one source partition into an envelope (columnar form).
+
+    Args:
+        source: coordinates of the source partition.
+        previous_offset: offset of the record delivered before this run, or -1.
+        run: the records, in offset order (at least one).
+        wrapper_id: identity of the writing wrapper.
+        wrapper_epoch: the wrapper's epoch for this partition.
+        trace_context: W3C trace context to carry, if any.
+    """
+    if not len(run):
+        raise ValueError("an envelope needs at least one record")
+    return encode_batch(
+        source,
+        previous_offset,
+        batch_of(run),
+        wrapper_id=wrapper_id,
+        wrapper_epoch=wrapper_epoch,
+        trace_context=trace_context,
+    )
+
+
+def encode_batch(
     source: envelope_pb2.SourcePartition,
     previous_offset: int,
     batch: envelope_pb2.RecordBatch,
@@ -75,17 +257,9 @@ def encode(
     wrapper_epoch: int,
     trace_context: dict[str, str] | None = None,
 ) -> bytes:
-    """Serialize a batch of records of one source partition into an envelope.
-
-    Args:
-        source: coordinates of the source partition.
-        previous_offset: offset of the record delivered before this batch, or -1.
-        batch: the records, in offset order (at least one).
-        wrapper_id: identity of the writing wrapper.
-        wrapper_epoch: the wrapper's epoch for this partition.
-        trace_context: W3C trace context to carry, if any.
-    """
-    if not batch.records:
+    """Serialize an envelope around a RecordBatch in either form (see encode)."""
+    count = len(batch.records) or len(batch.offsets)
+    if not count:
         raise ValueError("an envelope needs at least one record")
     payload = batch.SerializeToString()
     env = envelope_pb2.Envelope(
@@ -93,7 +267,7 @@ def encode(
         previous_offset=previous_offset,
         records=payload,
         records_crc32=zlib.crc32(payload),
-        record_count=len(batch.records),
+        record_count=count,
         wrapper_id=wrapper_id,
         wrapper_epoch=wrapper_epoch,
         wrapped_at_ms=int(time.time() * 1000),
@@ -137,12 +311,17 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
         batch.ParseFromString(env.records)
     except DecodeError as exc:
         raise EnvelopeError(f"envelope records do not parse: {exc}") from exc
-    if not batch.records or not env.source.topic:
-        raise EnvelopeError("envelope without records or source topic")
+    if not env.source.topic:
+        raise EnvelopeError("envelope without a source topic")
+    if not batch.records and not batch.offsets:
+        raise EnvelopeError("envelope without records")
+    run = run_of(batch)
+    if env.record_count and env.record_count != len(run):
+        raise EnvelopeError(f"envelope says {env.record_count} records but holds {len(run)}")
     return DecodedEnvelope(
         source=env.source,
         previous_offset=env.previous_offset,
-        records=batch.records,
+        run=run,
         wrapper_id=env.wrapper_id,
         wrapper_epoch=env.wrapper_epoch,
         wrapped_at_ms=env.wrapped_at_ms,
@@ -151,12 +330,12 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
 
 
 def headers_of(record: envelope_pb2.Record) -> list[tuple[str, bytes | None]]:
-    """Headers of a decoded record in confluent-kafka's form, nulls kept."""
+    """Headers of a row-form record in confluent-kafka's form, nulls kept."""
     return [(h.key, h.value if h.HasField("value") else None) for h in record.headers]
 
 
 def add_headers(record: envelope_pb2.Record, headers: Iterable[tuple[str, bytes | None]]) -> None:
-    """Append confluent-kafka-style headers to a record being built."""
+    """Append confluent-kafka-style headers to a row-form record being built."""
     for key, value in headers:
         h = record.headers.add(key=key)
         if value is not None:

@@ -290,11 +290,14 @@ def test_row_form_with_offsets_out_of_order_is_refused(offsets: list[int]) -> No
         envelope.decode(envelope.encode_batch(SRC, 4, batch, wrapper_id="w", wrapper_epoch=1))
 
 
-def test_a_batch_holding_both_forms_is_refused() -> None:
-    columnar = envelope.batch_of(run_of_seen([rec(1), rec(2)]))
-    columnar.records.extend([_row(rec(1)), _row(rec(2))])
+@pytest.mark.parametrize("column", ["offsets", "timestamps_ms", "keys", "values", "headers"])
+def test_a_batch_holding_both_forms_is_refused(column: str) -> None:
+    """Rows plus any columnar field (not only offsets) is refused: no column is silently ignored."""
+    columnar = envelope.batch_of(run_of_seen([rec(1, headers=[("h", b"1")]), rec(2)]))
+    batch = envelope_pb2.RecordBatch(records=[_row(rec(1)), _row(rec(2))])
+    getattr(batch, column).extend(getattr(columnar, column))
     with pytest.raises(EnvelopeError, match="both the row and the columnar form"):
-        envelope.decode(envelope.encode_batch(SRC, 0, columnar, wrapper_id="w", wrapper_epoch=1))
+        envelope.decode(envelope.encode_batch(SRC, 0, batch, wrapper_id="w", wrapper_epoch=1))
 
 
 # ---------------------------------------------------------------- inconsistent columns

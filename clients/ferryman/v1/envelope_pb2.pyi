@@ -168,27 +168,117 @@ class Record(_message.Message):
 Global___Record: _TypeAlias = Record  # noqa: Y015
 
 @_typing.final
+class RecordHeaders(_message.Message):
+    """RecordHeaders are the headers of one record of a columnar RecordBatch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Index of the record in the batch (0-based)."""
+    @_builtins.property
+    def headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]:
+        """The record's headers in their original order."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        headers: _abc.Iterable[Global___Header] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "index", b"index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordHeaders: _TypeAlias = RecordHeaders  # noqa: Y015
+
+@_typing.final
 class RecordBatch(_message.Message):
     """RecordBatch is a run of consecutive records read from one source partition,
     in source offset order. It travels serialized inside Envelope.records so that
     its checksum covers exactly the bytes that were written.
+
+    Wrappers write the columnar form (fields 2 to 9): one packed or repeated
+    field per record attribute, so that both services move a whole run between
+    Kafka and protobuf with a few C-level list conversions instead of one
+    message object per record. Readers also accept the row form (field 1), which
+    0.1 wrappers wrote; a batch holds one form or the other, never both.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORDS_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    TIMESTAMPS_MS_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_TYPES_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    NULL_KEYS_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    NULL_VALUES_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___Record]:
-        """The records, in increasing offset order."""
+        """Row form: the records, in increasing offset order."""
+
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Columnar form: source offsets, strictly increasing (one per record)."""
+
+    @_builtins.property
+    def timestamps_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Record timestamps in milliseconds since the epoch (one per record)."""
+
+    @_builtins.property
+    def timestamp_types(self) -> _containers.RepeatedScalarFieldContainer[Global___TimestampType.ValueType]:
+        """Timestamp types: one per record, or exactly one that applies to every
+        record (the usual case: the type is a property of the source topic).
+        """
+
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Record keys, one per record, or none at all when every key is null. A
+        null key among non-null ones is written as empty and listed in null_keys.
+        """
+
+    @_builtins.property
+    def null_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indexes of the records whose key is null (when keys is not empty)."""
+
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Record values, one per record, or none at all when every value is null
+        (tombstones). A null value among others is empty and listed in null_values.
+        """
+
+    @_builtins.property
+    def null_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indexes of the records whose value is null (when values is not empty)."""
+
+    @_builtins.property
+    def headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordHeaders]:
+        """Headers of the records that have any, in increasing index order; a record
+        not listed has no headers.
+        """
 
     def __init__(
         self,
         *,
         records: _abc.Iterable[Global___Record] | None = ...,
+        offsets: _abc.Iterable[_builtins.int] | None = ...,
+        timestamps_ms: _abc.Iterable[_builtins.int] | None = ...,
+        timestamp_types: _abc.Iterable[Global___TimestampType.ValueType] | None = ...,
+        keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        null_keys: _abc.Iterable[_builtins.int] | None = ...,
+        values: _abc.Iterable[_builtins.bytes] | None = ...,
+        null_values: _abc.Iterable[_builtins.int] | None = ...,
+        headers: _abc.Iterable[Global___RecordHeaders] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "keys", b"keys", "null_keys", b"null_keys", "null_values", b"null_values", "offsets", b"offsets", "records", b"records", "timestamp_types", b"timestamp_types", "timestamps_ms", b"timestamps_ms", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,11 +9,10 @@ source record lies between W and the envelope's first accepted record.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from ferryman.v1 import envelope_pb2
 
 
 class Verdict(enum.Enum):
@@ -57,22 +56,11 @@ class Decision:
     """For GAP: the inclusive range of offsets that may be missing."""
 
 
-def _first_above(records: Sequence[envelope_pb2.Record], watermark: int) -> int:
-    lo, hi = 0, len(records)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if records[mid].offset <= watermark:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 def decide(
     state: PartitionState | None,
     topic_id: bytes,
     previous_offset: int,
-    records: Sequence[envelope_pb2.Record],
+    offsets: Sequence[int],
     *,
     on_topic_recreated: str = "reset",
 ) -> Decision:
@@ -82,7 +70,7 @@ def decide(
         state: current state of the partition (None: never seen, watermark -1).
         topic_id: source topic id carried by the envelope.
         previous_offset: the envelope's chain link.
-        records: the envelope's records, in increasing offset order.
+        offsets: the offsets of the envelope's records, strictly increasing.
         on_topic_recreated: ``reset`` or ``halt`` when topic_id is new.
     """
     recreated = False
@@ -104,7 +92,7 @@ def decide(
         state = PartitionState(state.watermark, topic_id, set(state.retired_topic_ids))
 
     w = state.watermark
-    if records[-1].offset <= w:
+    if offsets[-1] <= w:
         return Decision(Verdict.DUPLICATE, new_state=state if recreated else None, recreated=recreated)
     if previous_offset > w:
         return Decision(
@@ -114,6 +102,6 @@ def decide(
             missing_from=w + 1,
             missing_to=previous_offset,
         )
-    start = _first_above(records, w)
-    new_state = PartitionState(records[-1].offset, state.topic_id, set(state.retired_topic_ids))
+    start = bisect.bisect_right(offsets, w)
+    new_state = PartitionState(offsets[-1], state.topic_id, set(state.retired_topic_ids))
     return Decision(Verdict.ACCEPT, start=start, new_state=new_state, recreated=recreated)

@@ -25,10 +25,12 @@ transactional.id stops this process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +45,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, topics
-from ferryman.client_config import base_config
+from ferryman.client_config import base_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
-from ferryman.envelope import headers_of
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
 from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
@@ -203,7 +204,7 @@ class Deduper:
         raise KafkaOperationError("staging consumer", KafkaException(err))
 
     def _make_consumer(self) -> Consumer:
-        conf = self._client_conf("staging")
+        conf = streaming_consumer_config(self._target, f"ferryman-deduper-{self.instance_id}-staging")
         conf.update(
             {
                 "group.id": self._names.deduper_group,
@@ -217,9 +218,6 @@ class Deduper:
                 # and they are reported as a gap and held, never skipped.
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
-                # Envelopes are batches already: do not let the broker hold a
-                # fetch for up to 500 ms waiting for more (librdkafka default).
-                "fetch.wait.max.ms": 20,
                 "group.instance.id": self.instance_id,
                 "session.timeout.ms": self._dc.session_timeout_ms,
                 "error_cb": self._on_consumer_error,
@@ -555,7 +553,7 @@ class Deduper:
         src = env.source
         state = self._pending.get(key) or self._committed.get(key)
         d = decide(
-            state, src.topic_id, env.previous_offset, env.records, on_topic_recreated=self._flow.on_topic_recreated
+            state, src.topic_id, env.previous_offset, env.run.offsets, on_topic_recreated=self._flow.on_topic_recreated
         )
         if d.recreated:
             self.stats.topics_recreated += 1
@@ -572,11 +570,11 @@ class Deduper:
             self._cluster_ids[key] = src.cluster_id
         verdict = d.verdict
         if verdict is Verdict.ACCEPT:
-            self._write(key, src, env.records, d.start)
+            self._write(key, src, env.run, d.start)
             assert d.new_state is not None  # an ACCEPT always moves the watermark
             self._fill_gap(key, d.new_state.watermark, resent=resent)
         elif verdict is Verdict.DUPLICATE:
-            self.stats.duplicates_dropped += len(env.records)
+            self.stats.duplicates_dropped += len(env.run)
         elif verdict is Verdict.GAP:
             self.stats.gaps_detected += 1
             self._note_gap(key, src, d.missing_from, max(d.missing_to, env.last_offset))
@@ -617,45 +615,64 @@ class Deduper:
                 "; asking the wrapper to resend them" if self._hub is not None else "",
             )
 
-    def _write(
-        self,
-        key: PartitionKey,
-        src: envelope_pb2.SourcePartition,
-        records: Any,
-        start: int,
-    ) -> None:
+    def _write(self, key: PartitionKey, src: envelope_pb2.SourcePartition, run: envelope.RecordRun, start: int) -> None:
+        """Produce run[start:] to the destination, on the source's partition number, byte for byte."""
         dest = self._destinations.resolve(src)
         self._dest_topics[key] = dest
         partition = src.partition
-        produce = self._producer.produce
-        n = len(records)
-        slc = _Slice(key, src, dest, []) if self._flow.emit_offset_mappings else None
-        # The hot loop: positional produce() arguments (topic, value, key,
-        # partition, callback, on_delivery, timestamp, headers) cost about half
-        # of keyword ones. Only the first and last record of a run carry a
-        # delivery callback (the offset map needs just those two offsets), in
-        # the `callback` slot: a positional on_delivery is ignored when callback
-        # is None.
-        for i in range(start, n):
-            r = records[i]
-            value = r.value if r.HasField("value") else None
-            rkey = r.key if r.HasField("key") else None
-            headers: Any = headers_of(r) if len(r.headers) else None
-            callback = (
-                self._slice_callback(slc, first=i == start, last=i == n - 1)
-                if slc is not None and (i == start or i == n - 1)
-                else None
-            )
-            try:
-                produce(dest, value, rkey, partition, callback, None, r.timestamp_ms, headers)
-            except BufferError:
-                self._produce_when_room((dest, value, rkey, partition, callback, None, r.timestamp_ms, headers))
-        if slc is not None:
-            slc.source_offsets.extend(records[i].offset for i in range(start, n))
-        self._txn_records += n - start
-        self.stats.records_written += n - start
-        if slc is not None:
+        count = len(run) - start
+        headers = run.header_column()
+        columns: list[Sequence[Any]] = [run.values, run.keys, run.timestamps_ms]
+        if headers is not None:
+            columns.append(headers)
+        if start:
+            columns = [c[start:] for c in columns]
+        rows = zip(*columns, strict=True)
+        if not self._flow.emit_offset_mappings:
+            self._produce_rows(dest, partition, rows, headers is not None)
+        else:
+            # Only the first and last record of a run carry a delivery callback:
+            # the offset map needs just those two destination offsets.
+            slc = _Slice(key, src, dest, list(run.offsets[start:] if start else run.offsets))
             self._slices.append(slc)
+            self._produce_row(dest, partition, next(rows), self._slice_callback(slc, first=True, last=count == 1))
+            if count > 1:
+                self._produce_rows(dest, partition, itertools.islice(rows, count - 2), headers is not None)
+                self._produce_row(dest, partition, next(rows), self._slice_callback(slc, first=False, last=True))
+        self._txn_records += count
+        self.stats.records_written += count
+
+    def _produce_rows(self, dest: str, partition: int, rows: Iterator[tuple[Any, ...]], with_headers: bool) -> None:
+        """The hot loop: each row of the run's columns, produced with no delivery callback.
+
+        Positional produce() arguments (topic, value, key, partition, callback,
+        on_delivery, timestamp, headers) cost about half of keyword ones.
+        """
+        produce: Any = self._producer.produce
+        if with_headers:
+            for v, k, ts, h in rows:
+                try:
+                    produce(dest, v, k, partition, None, None, ts, h)
+                except BufferError:
+                    self._produce_when_room((dest, v, k, partition, None, None, ts, h))
+        else:
+            for v, k, ts in rows:
+                try:
+                    produce(dest, v, k, partition, None, None, ts)
+                except BufferError:
+                    self._produce_when_room((dest, v, k, partition, None, None, ts))
+
+    def _produce_row(self, dest: str, partition: int, row: tuple[Any, ...], callback: Any) -> None:
+        """One record with a delivery callback.
+
+        The callback goes in the ``callback`` slot: a positional on_delivery is
+        ignored when callback is None.
+        """
+        args = (dest, row[0], row[1], partition, callback, None, *row[2:])
+        try:
+            self._producer.produce(*args)
+        except BufferError:
+            self._produce_when_room(args)
 
     def _produce_when_room(self, args: tuple[Any, ...]) -> None:
         """Retry a produce() refused because the local queue is full, serving deliveries meanwhile."""

@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, protocol, topics
-from ferryman.client_config import base_config
+from ferryman.client_config import base_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
@@ -135,7 +135,7 @@ class Wrapper:
         return Producer(conf)
 
     def _make_consumer(self) -> Consumer:
-        conf = base_config(self._source, f"{self.wrapper_id}-source")
+        conf = streaming_consumer_config(self._source, f"{self.wrapper_id}-source")
         conf.update(
             {
                 "group.id": self._names.wrapper_group,
@@ -149,9 +149,6 @@ class Wrapper:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
                 "session.timeout.ms": self._wc.session_timeout_ms,
-                # End-to-end latency: the broker answers a fetch within 20 ms
-                # instead of holding it up to 500 ms (librdkafka default).
-                "fetch.wait.max.ms": 20,
             }
         )
         if self._wc.instance_id or self._static_id:
