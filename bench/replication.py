@@ -1,263 +1,539 @@
-"""Replication benchmark: Ferryman vs a bare copy loop vs MirrorMaker 2, same clusters, same data.
+"""Replication benchmark: Ferryman, a bare copy loop and MirrorMaker 2, on the same clusters and data.
 
 ``python -m bench.replication [--records 1000000] [--value-bytes 100] [--partitions 8]
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
-[--latency-rate R] [--latency-seconds S] [--json out.json] [--smoke]``
+[--latency-rate R|half-ferryman] [--json out.json] [--smoke]``
 
-For each row, in one run on the same two local clusters (or ``--source``/``--destination``):
+One run starts two local clusters (or uses ``--source-bootstrap`` /
+``--destination-bootstrap``), preloads one source topic, warms the destination
+broker, then for each row:
 
-1. throughput: a preloaded source topic (identical data per row) is replicated; the
-   rate is counted from the first record visible to a read_committed consumer of the
-   destination to the last (steady state), and from process start; CPU seconds of the
-   replicator's processes per million records and their peak RSS are sampled;
-   every record is checked present and (for exactly-once rows) not duplicated;
-2. latency: records are produced at a fixed rate below the maximum and the
-   destination consumer measures visible time minus the record's create time.
+1. throughput: the row's processes copy the preloaded topic to a fresh destination
+   topic; a read_committed reader of the destination times it from the first
+   record visible to the last (steady state) and from the processes' launch,
+   while the CPU and RSS of the row's process trees (and the brokers' CPU) are sampled;
+2. latency: a fixed load below the maximum is offered to a second, empty source
+   topic the row already follows, and the reader measures visible time minus
+   each record's CreateTime (p50, p99, max);
+3. verdict: the row is stopped and its destination topic read back in full:
+   every source (partition, seq) must be present; exactly-once rows must have no
+   duplicate and keep per-partition order. A row that fails is marked FAILED and
+   gets no ratio: a fast wrong answer cannot win.
 
-It is a benchmark, not a test: it prints a table and writes raw figures as JSON.
+It is a benchmark, not a test: it prints tables and writes raw figures as JSON;
+the exit code is 1 when a row FAILED (2 when the set-up did).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import math
+import os
+import platform
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+import confluent_kafka
 from ferryman_local import LocalCluster, start_clusters
 
-from bench.measure import DestinationWatcher, ProcessSampler, percentile
-from bench.rows import SOURCE_ALIAS, CopyLoopRow, FerrymanRow, MirrorMakerRow, Row, RowContext
+from bench.errors import BenchError
+from bench.latency import measure as measure_latency
+from bench.measure import TreeSampler
+from bench.preload import PreloadResult, preload
+from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
+from bench.report import footnotes, latency_table, print_tables, throughput_table, write_json
+from bench.results import RowResult, Throughput, Verdict
+from bench.rows import ROWS, Row, RowContext, RowOptions, RowUnavailableError
+from bench.topics import create_topics
+from bench.verify import LiveWatcher, audit
+from bench.warmup import warm_up
 
-ROWS = ("ferryman", "copyloop", "mm2", "mm2-eos")
+#: How often the throughput phase checks the row's processes and its deadlines.
+_CHECK_INTERVAL_S = 0.5
+#: Processes get this long to stop on SIGTERM (MirrorMaker 2 stops its connectors
+#: in turn, Ferryman commits or aborts its transaction) before they are killed.
+_STOP_GRACE_S = 30.0
+#: The watcher closes its consumer within this long once told to stop.
+_WATCHER_STOP_BUDGET_S = 10.0
+#: A full read of a topic is given this long plus 1 s per 20 k records (a reader
+#: here manages several hundred thousand per second; the margin covers a busy machine).
+_AUDIT_BASE_S = 60.0
+_AUDIT_RECORDS_PER_S = 20_000
+#: Throughput-phase deadline when --timeout is not given: start-up (MirrorMaker 2
+#: needs ~10 s, more on a loaded machine) plus the records at 5 k/s, far below any row.
+_DEFAULT_TIMEOUT_BASE_S = 180.0
+_DEFAULT_TIMEOUT_RECORDS_PER_S = 5_000
+#: After the first records are visible, a row that makes no progress for this long
+#: has stalled (no replicator here pauses that long by design).
+_STALL_S = 60.0
+#: --latency-rate value asking for half of the Ferryman row's steady rate.
+_HALF_FERRYMAN = "half-ferryman"
+#: Offered load of the latency phase: well below every row's maximum here (MirrorMaker 2
+#: exactly-once manages ~25-40 k rec/s), so it measures latency, not queueing.
+_DEFAULT_LATENCY_RATE = 5000.0
+#: --smoke: a light load, the phase only has to work.
+_SMOKE_LATENCY_RATE = 1000.0
+_SMOKE_ROWS = ("copyloop", "ferryman")
+#: Points of a row's visibility timeline kept in the JSON (enough to plot it).
+_TIMELINE_POINTS = 200
 
 
-def _create(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1, config={"retention.ms": "-1"})])[topic].result(30)
+@dataclass(frozen=True)
+class BenchConfig:
+    """One run's settings, from the command line."""
+
+    records: int
+    """Records preloaded into the source topic."""
+    value_bytes: int
+    """Size of every value."""
+    partitions: int
+    """Partitions of every source topic."""
+    rows: tuple[str, ...]
+    """Rows to run, in order."""
+    options: RowOptions
+    """Knobs of the rows."""
+    latency_rate: float | None
+    """Offered load of the latency phase (rec/s); None: half of Ferryman's steady rate."""
+    latency_duration_s: float
+    """Length of the offered load; 0 skips the latency phase."""
+    timeout_s: float
+    """Deadline of one row's throughput phase."""
+    warmup_records: int
+    """Records written to and read from the destination before the first row; 0: none."""
+    preload_procs: int | None
+    """Producer processes of the preload; None: one per core."""
+    source: str | None
+    """Source bootstrap servers; None: start local clusters."""
+    destination: str | None
+    """Destination bootstrap servers (given together with source)."""
+    work_dir: Path
+    """Each run's configuration files and logs go in a dated directory under here."""
+    json_path: Path | None
+    """Where to write the raw figures, if anywhere."""
 
 
-def _preload(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> None:
-    p = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 50,
-            "batch.size": 1_000_000,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 1_000_000,
-        }
+@dataclass(frozen=True)
+class Stage:
+    """The shared set-up every row runs on."""
+
+    run_id: str
+    source: str
+    destination: str
+    topic: str
+    counts: list[int]
+    broker_pids: list[int]
+    work_dir: Path
+
+
+def _parse(argv: Sequence[str] | None) -> BenchConfig:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.replication",
+        description=(__doc__ or "").splitlines()[0],
     )
-    pad = b"x" * value_bytes
-    for i in range(records):
-        part = i % partitions
-        value = (str(i // partitions).encode() + b":" + pad)[:value_bytes]
-        while True:
-            try:
-                p.produce(topic, value, f"k{i % 1000}".encode(), partition=part)
-                break
-            except BufferError:
-                p.poll(0.05)
-    p.flush(120)
+    ap.add_argument(
+        "--records", type=int, default=1_000_000, help="records preloaded into the source topic (%(default)s)"
+    )
+    ap.add_argument("--value-bytes", type=int, default=100, help="size of every value, keys are 8 bytes (%(default)s)")
+    ap.add_argument("--partitions", type=int, default=8, help="partitions of the source topics (%(default)s)")
+    ap.add_argument(
+        "--rows", help=f"comma-separated, from: {', '.join(ROWS)} (default: all; --smoke: {','.join(_SMOKE_ROWS)})"
+    )
+    ap.add_argument("--wrapper-procs", type=int, default=1, help="ferryman: wrapper processes (%(default)s)")
+    ap.add_argument("--deduper-procs", type=int, default=1, help="ferryman: deduper processes (%(default)s)")
+    ap.add_argument(
+        "--ferryman-txn-ms", type=int, help="ferryman: deduper.transaction_interval_ms (default: service's)"
+    )
+    ap.add_argument("--mm2-tasks", type=int, default=2, help="mm2 rows: tasks.max (%(default)s: one per core here)")
+    ap.add_argument(
+        "--mm2-producer-tuning", action="store_true", help="mm2 rows: 1 MB batches, linger 5 ms (default: as shipped)"
+    )
+    ap.add_argument(
+        "--latency-rate",
+        help=f"offered load of the latency phase, rec/s, or {_HALF_FERRYMAN} (default: {_DEFAULT_LATENCY_RATE:.0f};"
+        f" --smoke: {_SMOKE_LATENCY_RATE:.0f})",
+    )
+    ap.add_argument(
+        "--latency-seconds", type=float, default=20.0, help="length of the latency phase, s; 0 skips it (%(default)s)"
+    )
+    ap.add_argument("--timeout", type=float, help="deadline of one row's throughput phase, s (default: by size)")
+    ap.add_argument(
+        "--warmup-records", type=int, default=200_000, help="destination broker warm-up; 0: none (%(default)s)"
+    )
+    ap.add_argument("--preload-procs", type=int, help="preload producer processes (default: one per core)")
+    ap.add_argument("--source-bootstrap", "--source", dest="source", help="use this source cluster")
+    ap.add_argument("--destination-bootstrap", "--destination", dest="destination", help="and this destination")
+    ap.add_argument(
+        "--dir", type=Path, default=Path(".ferryman/bench"), help="work dirs and logs go under here (%(default)s)"
+    )
+    ap.add_argument("--json", type=Path, help="write the raw figures here")
+    ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.records, args.partitions, args.latency_seconds, args.warmup_records = 20_000, 4, 3.0, 20_000
+    args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
+    args.latency_rate = args.latency_rate or str(_SMOKE_LATENCY_RATE if args.smoke else _DEFAULT_LATENCY_RATE)
+    rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or not rows or len(set(rows)) != len(rows):
+        ap.error(f"--rows: give distinct rows from {', '.join(ROWS)} (got {args.rows!r})")
+    if args.value_bytes < MIN_VALUE_BYTES:
+        ap.error(f"--value-bytes must be at least {MIN_VALUE_BYTES} (the sequence header)")
+    if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks) < 1:
+        ap.error("--records, --partitions, --*-procs and --mm2-tasks must be positive")
+    if args.partitions > MAX_PARTITIONS:
+        ap.error(f"--partitions: at most {MAX_PARTITIONS} (the record header's partition field)")
+    if bool(args.source) != bool(args.destination):
+        ap.error("give both --source-bootstrap and --destination-bootstrap, or neither")
+    if args.latency_rate == _HALF_FERRYMAN:
+        if "ferryman" not in rows:
+            ap.error(f"--latency-rate {_HALF_FERRYMAN} needs the ferryman row")
+        latency_rate = None
+        rows = ("ferryman", *(r for r in rows if r != "ferryman"))  # its rate is needed first
+    else:
+        try:
+            latency_rate = float(args.latency_rate)
+        except ValueError:
+            ap.error(f"--latency-rate: a number or {_HALF_FERRYMAN}")
+        if latency_rate <= 0:
+            ap.error("--latency-rate must be positive")
+    return BenchConfig(
+        records=args.records,
+        value_bytes=args.value_bytes,
+        partitions=args.partitions,
+        rows=rows,
+        options=RowOptions(
+            wrapper_procs=args.wrapper_procs,
+            deduper_procs=args.deduper_procs,
+            ferryman_txn_ms=args.ferryman_txn_ms,
+            mm2_tasks=args.mm2_tasks,
+            mm2_producer_tuning=args.mm2_producer_tuning,
+        ),
+        latency_rate=latency_rate,
+        latency_duration_s=args.latency_seconds,
+        timeout_s=args.timeout or _DEFAULT_TIMEOUT_BASE_S + args.records / _DEFAULT_TIMEOUT_RECORDS_PER_S,
+        warmup_records=args.warmup_records,
+        preload_procs=args.preload_procs,
+        source=args.source,
+        destination=args.destination,
+        work_dir=args.dir,
+        json_path=args.json,
+    )
 
 
-def _make_row(name: str, ctx: RowContext, partitions: int) -> Row:
-    if name == "ferryman":
-        return FerrymanRow(ctx)
-    if name == "copyloop":
-        return CopyLoopRow(ctx)
-    return MirrorMakerRow(ctx, exactly_once=name == "mm2-eos", tasks=min(partitions, 2))
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _run_row(name: str, args: argparse.Namespace, src: str, dst: str, base: Path) -> dict[str, Any]:
-    tag = f"{name.replace('-', '')}{uuid.uuid4().hex[:6]}"
-    tp_topic, lat_topic = f"bench-tp-{tag}", f"bench-lat-{tag}"
-    for t in (tp_topic, lat_topic):
-        _create(src, t, args.partitions)
-    t0 = time.time()
-    _preload(src, tp_topic, args.records, args.partitions, args.value_bytes)
-    print(f"  [{name}] preloaded {args.records} records in {time.time() - t0:.1f}s", flush=True)
-    work = base / tag
-    work.mkdir(parents=True)
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    # retention.ms=-1: nothing is deleted under the bench, whatever the broker's retention checks.
+    create_topics(bootstrap, [topic], partitions, {"retention.ms": "-1"})
+
+
+def _audit_budget(records: int) -> float:
+    return _AUDIT_BASE_S + records / _AUDIT_RECORDS_PER_S
+
+
+def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[int], base: Path) -> Stage:
+    """Preload the source topic, check it, and warm the destination broker."""
+    run_id = uuid.uuid4().hex[:6]
+    topic = f"bench-{run_id}"
+    counts = split_counts(cfg.records, cfg.partitions)
+    _create_topic(source, topic, cfg.partitions)
+    loaded: PreloadResult = preload(
+        source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(cfg.records)
+    )
+    _log(f"preloaded {topic}: {loaded.records:,} records in {loaded.seconds:.1f} s ({loaded.processes} processes)")
+    check = audit(source, topic, counts, _audit_budget(cfg.records))
+    t = check.tally
+    if not (check.read_to_end and t.complete and t.duplicates == 0 and t.misplaced == 0):
+        raise BenchError(f"the preloaded source topic is not what was written: {t} ({check.error})")
+    _log(
+        f"source read back complete in {check.seconds:.1f} s: the reader's ceiling is "
+        f"~{t.unique / check.seconds:,.0f} rec/s (rows near it are reader-bound)"
+    )
+    if cfg.warmup_records:
+        w = warm_up(destination, f"{topic}-warmup", cfg.partitions, cfg.warmup_records, cfg.value_bytes)
+        _log(f"destination warmed up: {w.records:,} records written in transactions and read in {w.seconds:.1f} s")
+    return Stage(run_id, source, destination, topic, counts, broker_pids, base)
+
+
+class _FirstVisible:
+    """The row's CPU reading, taken on the watcher thread when the first records become visible."""
+
+    def __init__(self, sampler: TreeSampler) -> None:
+        self._sampler = sampler
+        self.cpu_s = math.nan
+
+    def __call__(self) -> None:
+        self.cpu_s = self._sampler.sample()
+
+
+def _await_copy(row: Row, watcher: LiveWatcher, deadline: float) -> str | None:
+    """Wait until the watcher saw every record; return why not (a process died, timeout, stall)."""
+    while not watcher.done.wait(_CHECK_INTERVAL_S):
+        died = row.exited()
+        if died:
+            return died
+        now = time.monotonic()
+        t = watcher.tally
+        if now > deadline:
+            return f"timeout: {t.unique:,} of {t.expected:,} records visible"
+        if watcher.first_visible is not None and now - watcher.last_progress > _STALL_S:
+            return f"stalled: no new record for {_STALL_S:.0f} s at {t.unique:,} of {t.expected:,}"
+    if watcher.error:
+        return watcher.error
+    t = watcher.tally
+    return None if t.complete else f"only {t.unique:,} of {t.expected:,} records visible"
+
+
+def _throughput(
+    stage: Stage,
+    value_bytes: int,
+    watcher: LiveWatcher,
+    launched: float,
+    first: _FirstVisible,
+    cpu_s: float,
+    broker_cpu_s: float,
+    broker_cpu_at_launch: float,
+) -> Throughput:
+    n = watcher.tally.unique
+    per_record = record_bytes(value_bytes)
+    first_t, last_t = watcher.first_visible, watcher.last_visible
+    steady_s = last_t - first_t if first_t is not None and last_t is not None and last_t > first_t else None
+    steady_n = n - watcher.first_batch_records
+    from_start_s = last_t - launched if last_t is not None else None
+    steady_rps = steady_n / steady_s if steady_s else None
+    from_start_rps = n / from_start_s if from_start_s else None
+    return Throughput(
+        records=n,
+        payload_bytes=n * per_record,
+        first_batch_records=watcher.first_batch_records,
+        timeline=_thin([(round(t - launched, 3), seen) for t, seen in watcher.timeline], _TIMELINE_POINTS),
+        first_visible_s=first_t - launched if first_t is not None else None,
+        steady_s=steady_s,
+        from_start_s=from_start_s,
+        steady_rps=steady_rps,
+        steady_mbps=steady_rps * per_record / 1e6 if steady_rps else None,
+        from_start_rps=from_start_rps,
+        from_start_mbps=from_start_rps * per_record / 1e6 if from_start_rps else None,
+        cpu_s=cpu_s,
+        cpu_s_per_m=cpu_s / n * 1e6 if n else None,
+        steady_cpu_s_per_m=(cpu_s - first.cpu_s) / steady_n * 1e6 if steady_n > 0 and steady_s else None,
+        broker_cpu_s_per_m=(broker_cpu_s - broker_cpu_at_launch) / n * 1e6 if n and stage.broker_pids else None,
+        peak_rss_mb=math.nan,  # filled in once the row has stopped (the latency phase counts too)
+    )
+
+
+def _thin(points: list[tuple[float, int]], most: int) -> list[tuple[float, int]]:
+    """At most ``most`` evenly chosen points, always keeping the first and the last."""
+    if len(points) <= most:
+        return points
+    step = (len(points) - 1) / (most - 1)
+    return [points[round(i * step)] for i in range(most)]
+
+
+def _verdict(stage: Stage, row: Row) -> Verdict:
+    found = audit(stage.destination, row.destination_topic(stage.topic), stage.counts, _audit_budget(sum(stage.counts)))
+    t = found.tally
+    return Verdict(
+        expected=t.expected,
+        unique=t.unique,
+        duplicates=t.duplicates,
+        misplaced=t.misplaced,
+        disordered=t.disordered,
+        foreign=t.foreign,
+        read_to_end=found.read_to_end,
+        missing_examples=t.missing_examples(),
+    )
+
+
+def _judge(result: RowResult) -> None:
+    """Mark the row FAILED for any wrong answer."""
+    v, lat = result.verdict, result.latency
+    if v is not None:
+        if not v.complete:
+            result.fail(
+                f"incomplete: {v.expected - v.unique:,} records missing, e.g. (partition, seq) {v.missing_examples}"
+            )
+        if v.misplaced or v.foreign:
+            result.fail(f"{v.misplaced:,} records on the wrong partition, {v.foreign:,} unreadable")
+        if result.exactly_once and (v.duplicates or v.disordered):
+            result.fail(f"exactly-once broken: {v.duplicates:,} duplicates, {v.disordered:,} out of order")
+        if not v.read_to_end:
+            result.fail("the destination topic could not be read to its end (an open transaction?)")
+    if lat is not None:
+        if not lat.complete or lat.error:
+            result.fail(f"latency phase: {lat.visible:,} of {lat.records:,} visible ({lat.error or 'timeout'})")
+        if result.exactly_once and lat.duplicates:
+            result.fail(f"latency phase: {lat.duplicates:,} duplicates")
+
+
+def _run_row(cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float) -> RowResult:
+    """Throughput, latency and verdict of one row; the row's processes are always stopped."""
+    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}"
+    work = stage.work_dir / cls.name
+    work.mkdir(parents=True, exist_ok=True)
     ctx = RowContext(
-        name=tag,
-        source=src,
-        destination=dst,
-        topic_pattern=f"bench-.*-{tag}",
-        topics=[tp_topic, lat_topic],
-        work_dir=work,
-        wrapper_procs=args.wrapper_procs,
-        deduper_procs=args.deduper_procs,
-        ferryman_txn_ms=args.ferryman_txn_ms,
+        stage.run_id, stage.source, stage.destination, (stage.topic, lat_topic), cfg.partitions, work, cfg.options
     )
-    row = _make_row(name, ctx, args.partitions)
-    watcher = DestinationWatcher(dst, f"{SOURCE_ALIAS}.{tp_topic}", args.partitions, args.records)
-    started = time.time()
-    row.start()
-    sampler = ProcessSampler([p.pid for p in row.procs])
-    out: dict[str, Any] = {"row": name, "exactly_once": row.exactly_once}
+    row = cls(ctx)
+    result = RowResult(cls.name, cls.exactly_once)
     try:
-        complete = watcher.wait(args.timeout)
-        w = watcher.stop()
-        cpu_tp = sampler.stop()
-        out.update(complete=complete, records=w.records, duplicates=w.duplicates)
-        if w.first_visible and w.last_visible and w.last_visible > w.first_visible:
-            steady = w.last_visible - w.first_visible
-            out["steady_rps"] = w.records / steady
-            out["steady_mbps"] = w.records * args.value_bytes / steady / 1e6
-            out["from_start_rps"] = w.records / (w.last_visible - started)
-        out["cpu_s_per_million"] = cpu_tp / max(1, w.records) * 1e6
-        out["peak_rss_mb"] = sampler.peak_rss / 1e6
-        print(
-            f"  [{name}] throughput phase: {json.dumps({k: v for k, v in out.items() if k != 'row'}, default=str)}",
-            flush=True,
-        )
-        if args.latency_seconds > 0 and complete:
-            out.update(_latency(args, src, dst, lat_topic))
-    finally:
-        row.stop()
-    return out
+        row.check()
+    except RowUnavailableError as exc:
+        result.status = "unavailable"
+        result.reasons.append(str(exc))
+        _log(f"{cls.name}: unavailable: {exc}")
+        return result
+    result.settings = dict(row.settings())
+    try:
+        with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
+            cleanup.callback(row.stop, _STOP_GRACE_S)
+            _create_topic(stage.source, lat_topic, cfg.partitions)
+            row.prepare()
+            _measure(row, cfg, stage, lat_topic, latency_rate, result, cleanup)
+        if result.throughput is not None and result.throughput.records:
+            result.verdict = _verdict(stage, row)
+    except Exception as exc:  # a broken row is reported, the next row still runs
+        result.fail(f"{type(exc).__name__}: {exc}")
+    _judge(result)
+    _log(f"{cls.name}: {result.status}" + (f" ({'; '.join(result.reasons)})" if result.reasons else ""))
+    return result
 
 
-def _latency(args: argparse.Namespace, src: str, dst: str, topic: str) -> dict[str, Any]:
-    total = int(args.latency_rate * args.latency_seconds)
-    watcher = DestinationWatcher(dst, f"{SOURCE_ALIAS}.{topic}", args.partitions, total, latency=True)
-    p = Producer({"bootstrap.servers": src, "linger.ms": 1})
-    start = time.monotonic()
-    pad = b"y" * args.value_bytes
-    for i in range(total):
-        ahead = i / args.latency_rate - (time.monotonic() - start)
-        if ahead > 0:
-            time.sleep(ahead)  # offered load: a fixed rate, by design
-        part = i % args.partitions
-        p.produce(topic, (str(i // args.partitions).encode() + b":" + pad)[: args.value_bytes], partition=part)
-        p.poll(0)
-    p.flush(30)
-    watcher.wait(60)
-    w = watcher.stop()
-    lat = w.latencies_ms
-    return {
-        "latency_rate": args.latency_rate,
-        "latency_records": len(lat),
-        "p50_ms": percentile(lat, 50),
-        "p99_ms": percentile(lat, 99),
-        "max_ms": max(lat) if lat else float("nan"),
-    }
+def _measure(
+    row: Row,
+    cfg: BenchConfig,
+    stage: Stage,
+    lat_topic: str,
+    latency_rate: float,
+    result: RowResult,
+    cleanup: contextlib.ExitStack,
+) -> None:
+    """Launch the row, time the copy, then run the latency phase; record into ``result``."""
+    brokers = TreeSampler(stage.broker_pids) if stage.broker_pids else None
+    if brokers is not None:
+        cleanup.callback(brokers.stop)
+    broker_cpu_at_launch = brokers.sample() if brokers else math.nan
+    launched = time.monotonic()
+    row.launch()
+    sampler = TreeSampler(p.pid for p in row.processes)
+    # Stopped before the row: the peak RSS covers the copy and the latency phase, not the shutdown.
+    cleanup.callback(lambda: _record_peak_rss(result, sampler))
+    first = _FirstVisible(sampler)
+    deadline = launched + cfg.timeout_s
+    watcher = LiveWatcher(stage.destination, row.destination_topic(stage.topic), stage.counts, deadline, on_first=first)
+    cleanup.callback(watcher.stop, _WATCHER_STOP_BUDGET_S)
+    _log(f"{row.name}: launched (logs in {row.ctx.work_dir}); copying {sum(stage.counts):,} records")
+    failure = _await_copy(row, watcher, deadline)
+    cpu_s = sampler.sample()
+    broker_cpu_s = brokers.sample() if brokers else math.nan
+    watcher.stop(_WATCHER_STOP_BUDGET_S)
+    tp = _throughput(stage, cfg.value_bytes, watcher, launched, first, cpu_s, broker_cpu_s, broker_cpu_at_launch)
+    result.throughput = tp
+    _log(
+        f"{row.name}: {tp.records:,} visible; steady {tp.steady_rps or math.nan:,.0f} rec/s, "
+        f"from start {tp.from_start_rps or math.nan:,.0f} rec/s, {tp.cpu_s_per_m or math.nan:.1f} CPU s/M"
+    )
+    if failure:
+        result.fail(failure)
+        return
+    if cfg.latency_duration_s <= 0:
+        return
+    _log(f"{row.name}: latency phase, {latency_rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
+    lat = measure_latency(
+        stage.source,
+        stage.destination,
+        lat_topic,
+        row.destination_topic(lat_topic),
+        partitions=cfg.partitions,
+        rate=latency_rate,
+        seconds=cfg.latency_duration_s,
+        value_bytes=cfg.value_bytes,
+    )
+    result.latency = lat
+    _log(f"{row.name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms")
 
 
-def _table(results: list[dict[str, Any]]) -> str:
-    by = {r["row"]: r for r in results}
-    copy = by.get("copyloop", {}).get("steady_rps")
-    mm2 = by.get("mm2", {}).get("steady_rps")
-    mm2eos = by.get("mm2-eos", {}).get("steady_rps")
-    copy_cpu = by.get("copyloop", {}).get("cpu_s_per_million")
-    cols = [
-        "row",
-        "ok",
-        "rec/s",
-        "MB/s",
-        "rec/s from start",
-        "CPU s/M",
-        "peak RSS MB",
-        "p50 ms",
-        "p99 ms",
-        "x copyloop",
-        "x mm2",
-        "x mm2-eos",
-        "CPU x copyloop",
-        "dups",
-    ]
-    lines = [cols]
+def _record_peak_rss(result: RowResult, sampler: TreeSampler) -> None:
+    sampler.stop()
+    if result.throughput is not None:
+        result.throughput = replace(result.throughput, peak_rss_mb=sampler.peak_rss_bytes / 1e6)
 
-    def f(v: Any, fmt: str = "{:,.0f}") -> str:
-        return "-" if v is None or v != v else fmt.format(v)
 
-    for r in results:
-        rps = r.get("steady_rps")
-        ok = r.get("complete") and (not r["exactly_once"] or r.get("duplicates", 0) == 0)
-        lines.append(
-            [
-                r["row"],
-                "yes" if ok else "FAILED",
-                f(rps),
-                f(r.get("steady_mbps"), "{:.1f}"),
-                f(r.get("from_start_rps")),
-                f(r.get("cpu_s_per_million"), "{:.1f}"),
-                f(r.get("peak_rss_mb")),
-                f(r.get("p50_ms")),
-                f(r.get("p99_ms")),
-                f(rps / copy if rps and copy else None, "{:.2f}"),
-                f(rps / mm2 if rps and mm2 else None, "{:.2f}"),
-                f(rps / mm2eos if rps and mm2eos else None, "{:.2f}"),
-                f(r["cpu_s_per_million"] / copy_cpu if copy_cpu and r.get("cpu_s_per_million") else None, "{:.2f}"),
-                str(r.get("duplicates", "-")),
-            ]
-        )
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(cols))]
-    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+def _sigterm(_signum: int, _frame: FrameType | None) -> None:
+    # Unwind through the finally blocks that stop the rows' processes and the clusters.
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; exit 1 if any row's copy is incomplete (or duplicated, for exactly-once rows)."""
-    ap = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--value-bytes", type=int, default=100)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--wrapper-procs", type=int, default=1)
-    ap.add_argument("--deduper-procs", type=int, default=1)
-    ap.add_argument("--ferryman-txn-ms", type=int, default=100, help="deduper transaction_interval_ms")
-    ap.add_argument("--latency-rate", type=float, default=5000.0, help="offered load of the latency phase, rec/s")
-    ap.add_argument("--latency-seconds", type=float, default=20.0)
-    ap.add_argument("--timeout", type=float, default=900.0, help="throughput phase deadline per row, seconds")
-    ap.add_argument("--source", help="existing source bootstrap servers (default: start local clusters)")
-    ap.add_argument("--destination", help="existing destination bootstrap servers")
-    ap.add_argument("--dir", type=Path, default=Path(".ferryman/bench"))
-    ap.add_argument("--json", type=Path, help="write raw figures here")
-    ap.add_argument("--smoke", action="store_true", help="tiny configuration that only checks the bench works")
-    args = ap.parse_args(argv)
-    # SIGTERM (e.g. from `timeout`) unwinds through the finally blocks that stop processes and clusters.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.smoke:
-        args.records, args.partitions, args.latency_seconds, args.latency_rate = 20_000, 4, 3.0, 1000.0
-        if args.rows == ",".join(ROWS):
-            args.rows = "ferryman,copyloop"
-    rows = [r for r in args.rows.split(",") if r]
-    unknown = set(rows) - set(ROWS)
-    if unknown:
-        ap.error(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
-    base = args.dir / time.strftime("%Y%m%d-%H%M%S")
+    """Run the benchmark; return 1 if a row FAILED, 2 if the set-up (preload, warm-up) failed."""
+    cfg = _parse(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    base = (cfg.work_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    clusters: list[LocalCluster] = []
-    if args.source and args.destination:
-        src, dst = args.source, args.destination
-    else:
-        clusters = start_clusters(["source", "destination"], base_dir=base / "clusters")
-        src, dst = clusters[0].bootstrap_servers, clusters[1].bootstrap_servers
-    print(
-        f"bench: {args.records} records x {args.value_bytes} B, {args.partitions} partitions; rows {rows}", flush=True
+    _log(
+        f"{cfg.records:,} records x {cfg.value_bytes} B, {cfg.partitions} partitions; rows {', '.join(cfg.rows)}; "
+        f"work dir {base}"
     )
-    results = []
+    clusters: list[LocalCluster] = []
+    results: list[RowResult] = []
+    stage: Stage | None = None
     try:
-        for name in rows:
-            results.append(_run_row(name, args, src, dst, base))
+        if cfg.source and cfg.destination:
+            source, destination, broker_pids = cfg.source, cfg.destination, []
+        else:
+            clusters = start_clusters(["source", "destination"], base_dir=base / "clusters")
+            source, destination = clusters[0].bootstrap_servers, clusters[1].bootstrap_servers
+            broker_pids = [c.pid for c in clusters if c.pid is not None]
+            _log(f"clusters up: source {source}, destination {destination}")
+        try:
+            stage = _stage(cfg, source, destination, broker_pids, base)
+        except BenchError as exc:
+            _log(f"set-up failed: {exc}")
+            return 2
+        rate = cfg.latency_rate
+        for name in cfg.rows:
+            result = _run_row(ROWS[name], cfg, stage, rate or _DEFAULT_LATENCY_RATE)
+            results.append(result)
+            if rate is None:  # half-ferryman: ferryman ran first
+                tp = result.throughput
+                rate = tp.steady_rps / 2 if result.status == "ok" and tp and tp.steady_rps else _DEFAULT_LATENCY_RATE
+                _log(f"latency phases offer {rate:,.0f} rec/s")
     finally:
         for c in clusters:
             c.stop()
+    tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {cfg.partitions} partitions"
+    lat_title = f"End-to-end latency ({cfg.latency_duration_s:.0f} s of offered load, read_committed)"
     print()
-    print(_table(results))
-    if args.json:
-        args.json.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2, default=str)
-        )
-    failed = [r["row"] for r in results if not r.get("complete") or (r["exactly_once"] and r.get("duplicates", 0))]
-    return 1 if failed else 0
+    print_tables([(tp_title, *throughput_table(results)), (lat_title, *latency_table(results))])
+    for line in footnotes(results):
+        print(line)
+    if cfg.json_path:
+        write_json(cfg.json_path, _describe(cfg, stage), results)
+        _log(f"raw figures in {cfg.json_path}")
+    return 1 if any(r.status == "FAILED" for r in results) else 0
+
+
+def _describe(cfg: BenchConfig, stage: Stage | None) -> dict[str, Any]:
+    return {
+        "config": cfg,
+        "topic": stage.topic if stage else None,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "confluent_kafka": confluent_kafka.version()[0],
+            "librdkafka": confluent_kafka.libversion()[0],
+            "local_clusters": not cfg.source,
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,152 @@
+"""End-to-end latency at a fixed offered load below the maximum.
+
+A producer writes records at a steady rate to a source topic the replicator
+already follows; a read_committed consumer of the destination stamps each record
+when it becomes visible. Latency is that wall-clock time minus the record's
+timestamp (CreateTime, set by the producer at ``produce()``), both on this machine.
+It therefore includes the producer's own linger, the replicator and, for the
+exactly-once rows, the wait for the transaction commit. Every visible copy is
+counted (an at-least-once row's duplicates too).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from bench.records import make_key, make_value, padding, split_counts
+from bench.verify import LiveWatcher
+
+#: Pacing granularity of the offered load: records due are produced every millisecond,
+#: so the load is smooth at the scale of a broker round trip.
+_PACING_TICK_S = 0.001
+#: Budget for the offered records to reach the source broker after the last produce().
+_FLUSH_BUDGET_S = 30.0
+#: After the offered load ends, records still in flight get this long to become visible.
+_DRAIN_BUDGET_S = 60.0
+#: The watcher closes its consumer within this long once told to stop.
+_WATCHER_STOP_BUDGET_S = 10.0
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """What the latency phase measured (milliseconds)."""
+
+    offered_rate: float
+    achieved_rate: float
+    records: int
+    visible: int
+    duplicates: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every offered record became visible."""
+        return self.visible == self.records
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by nearest rank; NaN when there are no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float, value_bytes: int) -> float:
+    """Produce ``records`` to ``topic`` round-robin over partitions at ``rate`` per second.
+
+    Returns:
+        The rate achieved (lower than ``rate`` if this process could not keep up).
+
+    Raises:
+        KafkaException: a record was not delivered.
+    """
+    errors: list[KafkaError] = []
+
+    def on_error(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            # 1 ms: the producer's batching adds at most 1 ms to what is measured.
+            "linger.ms": 1,
+            "delivery.report.only.error": True,
+            "on_delivery": on_error,
+        }
+    )
+    # Connection and metadata first: the first records must not carry the producer's start-up.
+    producer.list_topics(topic, timeout=_FLUSH_BUDGET_S)
+    pad = padding(value_bytes)
+    start = time.monotonic()
+    i = 0
+    while i < records:
+        due = min(records, int((time.monotonic() - start) * rate) + 1)
+        while i < due:
+            seq, p = divmod(i, partitions)
+            producer.produce(topic, make_value(p, seq, pad), make_key(seq), p)
+            i += 1
+        producer.poll(_PACING_TICK_S)  # pacing of the offered load, not synchronisation
+    elapsed = time.monotonic() - start
+    left = producer.flush(_FLUSH_BUDGET_S)
+    if errors or left:
+        raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT, f"{left} records unsent"))
+    return records / elapsed if elapsed > 0 else math.inf
+
+
+def measure(
+    source: str,
+    destination: str,
+    source_topic: str,
+    destination_topic: str,
+    *,
+    partitions: int,
+    rate: float,
+    seconds: float,
+    value_bytes: int,
+) -> LatencyResult:
+    """Offer ``rate`` records/s for ``seconds`` and measure their end-to-end latency.
+
+    The replicator must already follow ``source_topic`` (which must be empty) and
+    be caught up, so that only the offered records are in flight.
+    """
+    records = max(1, int(rate * seconds))
+    counts = split_counts(records, partitions)
+    deadline = time.monotonic() + seconds + _FLUSH_BUDGET_S + _DRAIN_BUDGET_S
+    watcher = LiveWatcher(destination, destination_topic, counts, deadline, latency=True)
+    error: str | None = None
+    achieved = math.nan
+    try:
+        # The load comes from its own process, so the watcher never waits for the GIL.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            achieved = pool.submit(offer, source, source_topic, partitions, records, rate, value_bytes).result()
+        watcher.done.wait(max(0.0, deadline - time.monotonic()))
+    except KafkaException as exc:
+        error = f"offered load: {exc}"
+    finally:
+        watcher.stop(_WATCHER_STOP_BUDGET_S)
+    lat = watcher.latencies_ms
+    return LatencyResult(
+        offered_rate=rate,
+        achieved_rate=achieved,
+        records=records,
+        visible=watcher.tally.unique,
+        duplicates=watcher.tally.duplicates,
+        p50_ms=percentile(lat, 50),
+        p99_ms=percentile(lat, 99),
+        max_ms=max(lat) if lat else math.nan,
+        error=error or watcher.error,
+    )

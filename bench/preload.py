@@ -1,0 +1,110 @@
+"""Fill a source topic with the bench's records quickly, from several processes.
+
+One Python producer tops out well below what a broker accepts (the per-record
+Python work is the limit), so partitions are split over processes. Each process
+writes whole partitions with an idempotent producer, so a retry can never put a
+duplicate into the source and spoil the duplicate counts of the rows.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from bench.records import make_key, make_value, padding
+
+#: Waiting for room in librdkafka's queue: serve delivery reports this long, then retry.
+_QUEUE_FULL_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class PreloadResult:
+    """How the preload went."""
+
+    records: int
+    seconds: float
+    processes: int
+
+    @property
+    def records_per_s(self) -> float:
+        """Write rate of the preload."""
+        return self.records / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _write_partitions(
+    bootstrap: str, topic: str, jobs: list[tuple[int, int]], value_bytes: int, budget_s: float
+) -> int:
+    """Worker: write ``count`` records to each ``(partition, count)``; return records written."""
+    errors: list[KafkaError] = []
+
+    def on_error(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            # Big batches: the preload is not timed per record, only its total matters.
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "delivery.report.only.error": True,
+            "on_delivery": on_error,
+        }
+    )
+    pad = padding(value_bytes)
+    produce = producer.produce
+    written = 0
+    for partition, count in jobs:
+        for seq in range(count):
+            value = make_value(partition, seq, pad)
+            key = make_key(seq)
+            while True:
+                try:
+                    produce(topic, value, key, partition)
+                    break
+                except BufferError:
+                    producer.poll(_QUEUE_FULL_POLL_S)
+            written += 1
+        producer.poll(0)
+    left = producer.flush(budget_s)
+    if left or errors:
+        raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT, f"{left} records unsent"))
+    return written
+
+
+def preload(
+    bootstrap: str, topic: str, counts: list[int], value_bytes: int, *, processes: int | None = None, budget_s: float
+) -> PreloadResult:
+    """Write ``counts[p]`` records to each partition ``p`` of ``topic`` (which must exist).
+
+    Args:
+        bootstrap: source cluster.
+        topic: the topic to fill.
+        counts: records per partition.
+        value_bytes: size of every value.
+        processes: producer processes; default one per core, at most one per partition.
+        budget_s: how long the whole preload may take.
+
+    Returns:
+        What was written and how fast.
+
+    Raises:
+        KafkaException: a record could not be written within the budget.
+    """
+    n = max(1, min(processes or os.cpu_count() or 1, len(counts)))
+    jobs: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for p, count in enumerate(counts):
+        jobs[p % n].append((p, count))
+    start = time.monotonic()
+    # spawn, not fork: the parent already runs librdkafka and harness threads.
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_write_partitions, bootstrap, topic, j, value_bytes, budget_s) for j in jobs]
+        written = sum(f.result() for f in futures)
+    return PreloadResult(written, time.monotonic() - start, n)

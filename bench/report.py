@@ -1,0 +1,188 @@
+"""Print the figures side by side (``rich`` when installed, plain aligned text otherwise) and dump JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.results import SHORT_WINDOW_SHARE, RowResult
+
+try:  # rich is a development dependency; plain text without it
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # pragma: no cover
+    Console = Table = None  # type: ignore[assignment,misc]
+
+#: Marks a steady figure taken over too short a window (see ``Throughput.short_window``).
+_SHORT = "†"
+#: Wide enough for the throughput table on one line when stdout is not a terminal.
+_MIN_WIDTH = 200
+
+
+def _fmt(value: float | None, spec: str = ",.0f") -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return format(value, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return _fmt(a / b, ".2f") + "x" if a and b else "-"
+
+
+def _ok(results: Sequence[RowResult], name: str) -> RowResult | None:
+    for r in results:
+        if r.row == name and r.status == "ok":
+            return r
+    return None
+
+
+def throughput_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the throughput table (ratios only between rows that passed).
+
+    Rates are compared on the steady figure; CPU on the launch-to-last-record figure,
+    which counts start-up (a JVM boots, a Python process imports) for every row alike.
+    """
+    mm2, copy = _ok(results, "mm2"), _ok(results, "copyloop")
+    mm2_rps = mm2.throughput.steady_rps if mm2 and mm2.throughput else None
+    copy_rps = copy.throughput.steady_rps if copy and copy.throughput else None
+    copy_cpu = copy.throughput.cpu_s_per_m if copy and copy.throughput else None
+    header = [
+        "row",
+        "result",
+        "rec/s",
+        "MB/s",
+        "rec/s from start",
+        "1st visible s",
+        "CPU s/M",
+        "CPU s/M steady",
+        "broker CPU s/M",
+        "peak RSS MB",
+        "dups",
+        "vs mm2",
+        "vs copyloop",
+        "CPU vs copyloop",
+    ]
+    cells: list[list[str]] = []
+    for r in results:
+        t, v = r.throughput, r.verdict
+        ok = r.status == "ok"
+        dups = str(v.duplicates) if v else "-"
+        if t is None:
+            cells.append([r.row, r.status, *["-"] * 8, dups, "-", "-", "-"])
+            continue
+        cells.append(
+            [
+                r.row,
+                r.status,
+                _fmt(t.steady_rps) + (_SHORT if t.short_window else ""),
+                _fmt(t.steady_mbps, ".1f"),
+                _fmt(t.from_start_rps),
+                _fmt(t.first_visible_s, ".1f"),
+                _fmt(t.cpu_s_per_m, ".1f"),
+                _fmt(t.steady_cpu_s_per_m, ".1f") + (_SHORT if t.short_window else ""),
+                _fmt(t.broker_cpu_s_per_m, ".1f"),
+                _fmt(t.peak_rss_mb),
+                dups,
+                _ratio(t.steady_rps, mm2_rps) if ok else "-",
+                _ratio(t.steady_rps, copy_rps) if ok else "-",
+                _ratio(t.cpu_s_per_m, copy_cpu) if ok else "-",
+            ]
+        )
+    return header, cells
+
+
+def latency_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the latency table."""
+    header = ["row", "offered rec/s", "achieved rec/s", "records", "visible", "dups", "p50 ms", "p99 ms", "max ms"]
+    cells = []
+    for r in results:
+        lat = r.latency
+        if lat is None:
+            continue
+        cells.append(
+            [
+                r.row,
+                _fmt(lat.offered_rate),
+                _fmt(lat.achieved_rate),
+                _fmt(lat.records),
+                _fmt(lat.visible),
+                str(lat.duplicates),
+                _fmt(lat.p50_ms, ".1f"),
+                _fmt(lat.p99_ms, ".1f"),
+                _fmt(lat.max_ms, ".1f"),
+            ]
+        )
+    return header, cells
+
+
+def footnotes(results: Sequence[RowResult]) -> list[str]:
+    """What the marks in the tables mean, and why rows failed or were unavailable."""
+    lines = []
+    if any(r.throughput and r.throughput.short_window for r in results):
+        lines.append(
+            f"{_SHORT} the steady window (first to last record visible) is under {SHORT_WINDOW_SHARE:.0%} of the "
+            "run: most of the copy happened before anything was visible (start-up, or records held back and "
+            "committed in a few large transactions), so the steady figures say more about the reader than the "
+            "replicator. Compare rec/s from start, use more --records, and see the timeline in the JSON."
+        )
+    lines.extend(f"{r.row}: {r.status}: {reason}" for r in results for reason in r.reasons)
+    return lines
+
+
+def _plain(title: str, header: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
+    lines = [list(header), *cells]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    body = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        for line in lines
+    ]
+    return "\n".join([title, *body])
+
+
+def print_tables(tables: Sequence[tuple[str, list[str], list[list[str]]]]) -> None:
+    """Print each ``(title, header, cells)`` table."""
+    if Console is None or Table is None:
+        for title, header, cells in tables:
+            if cells:
+                print(_plain(title, header, cells) + "\n")
+        return
+    console = Console(width=None if sys.stdout.isatty() else _MIN_WIDTH)
+    for title, header, cells in tables:
+        if not cells:
+            continue
+        table = Table(title=title, title_justify="left")
+        for i, h in enumerate(header):
+            table.add_column(h, justify="left" if i == 0 else "right")
+        for line in cells:
+            style = "bold red" if line[1] == "FAILED" else None
+            table.add_row(*line, style=style)
+        console.print(table)
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in ("complete", "short_window"):
+            if hasattr(obj, name):
+                out[name] = getattr(obj, name)
+        return out
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: Path, run: Mapping[str, Any], results: Sequence[RowResult]) -> None:
+    """Write the raw figures of the run (``run`` describes its set-up)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**_jsonable(run), "rows": _jsonable(list(results))}, indent=2) + "\n")

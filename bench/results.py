@@ -1,0 +1,99 @@
+"""The figures of a run, as plain data (printed by ``bench.report``, dumped as JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bench.latency import LatencyResult
+
+Status = Literal["ok", "FAILED", "unavailable"]
+#: A steady window shorter than this share of launch-to-last-record says little about the
+#: replicator: most of the copy happened before anything was visible.
+SHORT_WINDOW_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Copying the preloaded topic, timed by a read_committed reader of the destination.
+
+    "Steady" runs from the first record visible to the last (the records read in the
+    same batch as the first are not counted: they became visible before the window).
+    "From start" runs from the launch of the row's processes to the last record
+    visible. A replicator that holds records back and commits them in a few large
+    transactions has a short, flattering steady window: read both, and the timeline.
+    """
+
+    records: int
+    payload_bytes: int
+    first_batch_records: int
+    """Records read in the same batch as the first one (not counted in "steady")."""
+    first_visible_s: float | None
+    """Seconds from launch to the first visible record (start-up, discovery, first commit)."""
+    steady_s: float | None
+    from_start_s: float | None
+    steady_rps: float | None
+    steady_mbps: float | None
+    from_start_rps: float | None
+    from_start_mbps: float | None
+    cpu_s: float
+    """CPU seconds (user + system) of the row's process trees, launch to last record visible."""
+    cpu_s_per_m: float | None
+    """``cpu_s`` per million records: includes start-up (a JVM's boot and JIT)."""
+    steady_cpu_s_per_m: float | None
+    """CPU seconds per million records over the steady window only."""
+    broker_cpu_s_per_m: float | None
+    """CPU of both brokers per million records, launch to last visible (local clusters only)."""
+    peak_rss_mb: float
+    """Peak of the summed RSS of the row's processes, sampled every 0.2 s, until they stopped."""
+
+    @property
+    def short_window(self) -> bool:
+        """The steady window is too short a part of the run to be the replicator's rate."""
+        if self.steady_s is None or self.from_start_s is None:
+            return False
+        return self.steady_s < SHORT_WINDOW_SHARE * self.from_start_s
+
+    timeline: list[tuple[float, int]]
+    """``(seconds since launch, records visible)``, thinned to at most 200 points: shows
+    whether records became visible steadily or in lumps (large transactions)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The full read of the destination topic after the row stopped."""
+
+    expected: int
+    unique: int
+    duplicates: int
+    misplaced: int
+    disordered: int
+    foreign: int
+    read_to_end: bool
+    missing_examples: list[tuple[int, int]]
+
+    @property
+    def complete(self) -> bool:
+        """Every source record is present."""
+        return self.unique == self.expected
+
+
+@dataclass
+class RowResult:
+    """Everything measured for one row."""
+
+    row: str
+    exactly_once: bool
+    status: Status = "ok"
+    reasons: list[str] = field(default_factory=list)
+    settings: Mapping[str, object] = field(default_factory=dict)
+    throughput: Throughput | None = None
+    verdict: Verdict | None = None
+    latency: LatencyResult | None = None
+
+    def fail(self, reason: str) -> None:
+        """Mark the row FAILED (it stays failed) and keep the reason."""
+        if self.status != "unavailable":
+            self.status = "FAILED"
+        self.reasons.append(reason)

@@ -1,0 +1,122 @@
+"""What every replicator row has in common: its context, lifecycle and processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from bench import procs
+
+#: How much of a row's log is quoted when one of its processes dies.
+_LOG_TAIL_CHARS = 2000
+
+
+class RowUnavailableError(Exception):
+    """The replicator cannot run here (not installed, no Java, ...); the row is reported, not failed."""
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """Knobs of the rows, from the command line."""
+
+    wrapper_procs: int = 1
+    """Ferryman: ``ferryman-wrapper`` processes."""
+    deduper_procs: int = 1
+    """Ferryman: ``ferryman-deduper`` processes."""
+    ferryman_txn_ms: int | None = None
+    """Ferryman: ``deduper.transaction_interval_ms`` (None: the service default)."""
+    mm2_tasks: int = 2
+    """MirrorMaker 2: ``tasks.max``."""
+    mm2_producer_tuning: bool = False
+    """MirrorMaker 2: batch and linger like the Python rows instead of Connect's defaults."""
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """Where a row runs and what it copies."""
+
+    run_id: str
+    """Unique per bench run; part of every name the row creates."""
+    source: str
+    """Source bootstrap servers."""
+    destination: str
+    """Destination bootstrap servers."""
+    topics: Sequence[str]
+    """Source topics the row replicates (the preloaded one and the row's latency topic)."""
+    partitions: int
+    """Partitions of every source topic."""
+    work_dir: Path
+    """Configuration files and logs of this row."""
+    options: RowOptions
+    """Command-line knobs."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Row(ABC):
+    """One replicator under test, started as real processes.
+
+    Lifecycle: ``check()`` (may raise ``RowUnavailableError``), ``prepare()``
+    (untimed set-up), ``launch()`` (timed from here), ``stop()`` (idempotent).
+    """
+
+    name: ClassVar[str]
+    """Row name on the command line and in the table."""
+    exactly_once: ClassVar[bool]
+    """The row promises no duplicates (checked)."""
+
+    def __init__(self, ctx: RowContext) -> None:
+        self.ctx = ctx
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._logs: list[tuple[str, Path]] = []
+
+    @property
+    @abstractmethod
+    def alias(self) -> str:
+        """Prefix of the destination topics: ``<alias>.<source topic>``."""
+
+    def destination_topic(self, source_topic: str) -> str:
+        """Where the row copies ``source_topic`` on the destination cluster."""
+        return f"{self.alias}.{source_topic}"
+
+    def check(self) -> None:  # noqa: B027 -- optional hook; most rows need no check
+        """Raise ``RowUnavailableError`` if the replicator cannot run here."""
+
+    def prepare(self) -> None:  # noqa: B027 -- optional hook; most rows need no set-up
+        """Untimed set-up before ``launch()`` (default: nothing)."""
+
+    @abstractmethod
+    def launch(self) -> None:
+        """Start the replicator's processes."""
+
+    def settings(self) -> Mapping[str, object]:
+        """Settings worth reporting with the figures."""
+        return {}
+
+    def _spawn(self, argv: Sequence[str], log_name: str, env: Mapping[str, str] | None = None) -> None:
+        log = self.ctx.work_dir / log_name
+        self._logs.append((Path(argv[0]).name, log))
+        self.processes.append(procs.spawn(argv, log, env))
+
+    def exited(self) -> str | None:
+        """Describe a process of the row that has exited (with its log tail), or None."""
+        for proc, (program, log) in zip(self.processes, self._logs, strict=True):
+            rc = proc.poll()
+            if rc is not None:
+                tail = log.read_text(errors="replace")[-_LOG_TAIL_CHARS:] if log.exists() else ""
+                return f"{program} exited with {rc}; log {log}:\n{tail}"
+        return None
+
+    def stop(self, grace_s: float) -> None:
+        """Stop every process of the row (SIGTERM, SIGKILL after ``grace_s``)."""
+        procs.stop(self.processes, grace_s)

@@ -1,0 +1,69 @@
+"""Row ``copyloop``: the bare at-least-once copy loop (``bench.copyloop``), one process."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from bench.rows.base import Row
+from bench.topics import create_topics
+
+#: librdkafka's default linger: batches fill in ~5 ms at full speed and add at most 5 ms at low rates.
+_LINGER_MS = 5
+#: No compression: measured fastest here, where the brokers share the same two cores (lz4 costs
+#: client CPU for bytes that never leave the machine).
+_COMPRESSION = "none"
+#: The directory that holds the ``bench`` package, for the child's import path.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class CopyLoopRow(Row):
+    """One Python process: batched consume, positional produce, commit after flush."""
+
+    name = "copyloop"
+    exactly_once = False
+
+    @property
+    def alias(self) -> str:
+        """Destination topics are ``copyloop.<topic>``."""
+        return "copyloop"
+
+    def prepare(self) -> None:
+        """Create the destination topics: unlike MirrorMaker 2 and Ferryman, a bare loop does not."""
+        create_topics(self.ctx.destination, [self.destination_topic(t) for t in self.ctx.topics], self.ctx.partitions)
+
+    def launch(self) -> None:
+        """Start ``python -m bench.copyloop`` on every topic of the row."""
+        self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.copyloop",
+                "--source",
+                self.ctx.source,
+                "--destination",
+                self.ctx.destination,
+                "--prefix",
+                self.alias,
+                "--group",
+                f"bench-copyloop-{self.ctx.run_id}",
+                "--linger-ms",
+                str(_LINGER_MS),
+                "--compression",
+                _COMPRESSION,
+                *self.ctx.topics,
+            ],
+            "copyloop.log",
+            env={"PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")]))},
+        )
+
+    def settings(self) -> Mapping[str, object]:
+        """Process count and the knobs that matter."""
+        return {
+            "processes": 1,
+            "linger_ms": _LINGER_MS,
+            "compression": _COMPRESSION,
+            "commit": "flush, then async, 1 s",
+        }

@@ -1,0 +1,98 @@
+"""Row ``ferryman``: the exactly-once pair, ``ferryman-wrapper`` and ``ferryman-deduper`` processes."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.rows.base import Row, RowUnavailableError, free_port
+
+#: The console scripts live next to the interpreter (``pip install -e .`` puts them there).
+_BIN = Path(sys.executable).parent
+#: Source cluster alias; with the prefix naming policy destination topics are ``source.<topic>``.
+_SOURCE_ALIAS = "source"
+
+
+class FerrymanRow(Row):
+    """Wrapper(s) on the source side, deduper(s) on the destination side, joined by the control link."""
+
+    name = "ferryman"
+    exactly_once = True
+
+    @property
+    def alias(self) -> str:
+        """Destination topics are ``source.<topic>`` (prefix policy, source alias ``source``)."""
+        return _SOURCE_ALIAS
+
+    def check(self) -> None:
+        """The console scripts must be installed."""
+        missing = [s for s in ("ferryman-wrapper", "ferryman-deduper") if not (_BIN / s).exists()]
+        if missing:
+            raise RowUnavailableError(f"{', '.join(missing)} not installed in {_BIN} (pip install -e .)")
+
+    def _config(self, deduper_ports: list[int]) -> dict[str, Any]:
+        opts = self.ctx.options
+        deduper: dict[str, Any] = {}
+        if opts.ferryman_txn_ms is not None:
+            deduper["transaction_interval_ms"] = opts.ferryman_txn_ms
+        return {
+            "clusters": {
+                _SOURCE_ALIAS: {"bootstrap_servers": self.ctx.source},
+                "destination": {"bootstrap_servers": self.ctx.destination},
+            },
+            "flows": [
+                {
+                    "name": f"bench-{self.ctx.run_id}",
+                    "source": _SOURCE_ALIAS,
+                    "target": "destination",
+                    "topics": ["^(" + "|".join(re.escape(t) for t in self.ctx.topics) + ")$"],
+                    "naming": {"policy": "prefix"},
+                    # One staging partition per source partition: each deduper gets an equal share.
+                    "staging_partitions": self.ctx.partitions,
+                }
+            ],
+            "wrapper": {
+                "listen_address": "127.0.0.1:0",
+                "deduper_addresses": [f"127.0.0.1:{p}" for p in deduper_ports],
+            },
+            "deduper": deduper,
+        }
+
+    def launch(self) -> None:
+        """Start the dedupers first (the wrappers connect to them), then the wrappers."""
+        opts = self.ctx.options
+        ports = [free_port() for _ in range(opts.deduper_procs)]
+        path = self.ctx.work_dir / "ferryman.yaml"
+        path.write_text(yaml.safe_dump(self._config(ports), sort_keys=False))
+        for i, port in enumerate(ports):
+            self._spawn(
+                [
+                    str(_BIN / "ferryman-deduper"),
+                    "--config",
+                    str(path),
+                    "--instance-id",
+                    f"d{i}",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                ],
+                f"deduper-{i}.log",
+            )
+        for i in range(opts.wrapper_procs):
+            self._spawn(
+                [str(_BIN / "ferryman-wrapper"), "--config", str(path), "--instance-id", f"w{i}"], f"wrapper-{i}.log"
+            )
+
+    def settings(self) -> Mapping[str, object]:
+        """Process counts and the deduper's transaction interval."""
+        opts = self.ctx.options
+        return {
+            "wrapper_procs": opts.wrapper_procs,
+            "deduper_procs": opts.deduper_procs,
+            "transaction_interval_ms": opts.ferryman_txn_ms or "service default",
+            "staging_partitions": self.ctx.partitions,
+        }
