@@ -156,8 +156,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     )
     ap.add_argument(
         "--latency-rate",
-        help=f"offered load of the latency phase, rec/s, or {_HALF_FERRYMAN} (default: {_DEFAULT_LATENCY_RATE:.0f};"
-        f" --smoke: {_SMOKE_LATENCY_RATE:.0f})",
+        help=f"offered load of the latency phase, rec/s, or {_HALF_FERRYMAN} (default: {_HALF_FERRYMAN} when the "
+        f"ferryman row runs, else {_DEFAULT_LATENCY_RATE:.0f}; --smoke: {_SMOKE_LATENCY_RATE:.0f})",
     )
     ap.add_argument(
         "--latency-seconds", type=float, default=20.0, help="length of the latency phase, s; 0 skips it (%(default)s)"
@@ -178,8 +178,11 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     if args.smoke:
         args.records, args.partitions, args.latency_seconds, args.warmup_records = 20_000, 4, 3.0, 20_000
     args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
-    args.latency_rate = args.latency_rate or str(_SMOKE_LATENCY_RATE if args.smoke else _DEFAULT_LATENCY_RATE)
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+    if not args.latency_rate:
+        # The goal is latency at half of Ferryman's maximum rate: measured as such whenever that row runs.
+        default = _HALF_FERRYMAN if "ferryman" in rows else str(_DEFAULT_LATENCY_RATE)
+        args.latency_rate = str(_SMOKE_LATENCY_RATE) if args.smoke else default
     unknown = sorted(set(rows) - set(ROWS))
     if unknown or not rows or len(set(rows)) != len(rows):
         ap.error(f"--rows: give distinct rows from {', '.join(ROWS)} (got {args.rows!r})")
@@ -375,8 +378,11 @@ def _judge(result: RowResult) -> None:
             result.fail(f"latency phase: {lat.duplicates:,} duplicates")
 
 
-def _run_row(cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float) -> RowResult:
-    """Throughput, latency and verdict of one row; the row's processes are always stopped."""
+def _run_row(cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float | None) -> RowResult:
+    """Throughput, latency and verdict of one row; the row's processes are always stopped.
+
+    latency_rate None: offer half of this row's own steady rate (the ferryman row under half-ferryman).
+    """
     lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}"
     work = stage.work_dir / cls.name
     work.mkdir(parents=True, exist_ok=True)
@@ -413,7 +419,7 @@ def _measure(
     cfg: BenchConfig,
     stage: Stage,
     lat_topic: str,
-    latency_rate: float,
+    latency_rate: float | None,
     result: RowResult,
     cleanup: contextlib.ExitStack,
 ) -> None:
@@ -447,6 +453,8 @@ def _measure(
         return
     if cfg.latency_duration_s <= 0:
         return
+    if latency_rate is None:
+        latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
     _log(f"{row.name}: latency phase, {latency_rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
     lat = measure_latency(
         stage.source,
@@ -501,11 +509,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         rate = cfg.latency_rate
         for name in cfg.rows:
-            result = _run_row(ROWS[name], cfg, stage, rate or _DEFAULT_LATENCY_RATE)
+            result = _run_row(ROWS[name], cfg, stage, rate)
             results.append(result)
-            if rate is None:  # half-ferryman: ferryman ran first
-                tp = result.throughput
-                rate = tp.steady_rps / 2 if result.status == "ok" and tp and tp.steady_rps else _DEFAULT_LATENCY_RATE
+            if rate is None:  # half-ferryman: ferryman ran first and offered half its own rate to itself
+                rate = result.latency.offered_rate if result.latency is not None else _DEFAULT_LATENCY_RATE
                 _log(f"latency phases offer {rate:,.0f} rec/s")
     finally:
         for c in clusters:

@@ -13,6 +13,7 @@ turns SIGTERM/SIGINT into a graceful shutdown and maps errors to exit codes:
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -36,6 +37,13 @@ EXIT_DATA_LOST = 4
 
 _log = logging.getLogger(__name__)
 
+#: Gen-0 threshold of the cyclic GC in the services (CPython's default is 700).
+#: Every consumed record allocates tracked objects (the timestamp tuple, list
+#: slots), so at 700 a collection ran every couple of hundred records; with the
+#: start-up heap (grpc, protobuf, pydantic) rescanned by the older generations it
+#: cost ~550 ns per record in the wrapper's packing loop, as much as the packing.
+_GC_GEN0_THRESHOLD = 50_000
+
 
 class Service(Protocol):
     """What the entry point needs from a service."""
@@ -45,6 +53,20 @@ class Service(Protocol):
 
     def shutdown(self) -> None:
         """Begin a graceful stop (signal-safe)."""
+
+
+def tune_gc() -> None:
+    """Keep the cyclic GC off the hot path (call once start-up is done).
+
+    Objects alive at this point (modules, config, the service) are frozen into
+    the permanent generation, which collections never scan again, and young
+    collections run every _GC_GEN0_THRESHOLD allocations. The hot paths create
+    no reference cycles, so memory is unaffected.
+    """
+    gc.collect()
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(_GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -92,6 +114,7 @@ def run_service(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    tune_gc()
     try:
         service.run()
     except FencedError as exc:

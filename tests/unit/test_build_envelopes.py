@@ -6,10 +6,11 @@ import random
 from dataclasses import replace
 
 import pytest
+from confluent_kafka import KafkaError, Message
 from ferryman import envelope
 from ferryman.envelope import Headers
 from ferryman.v1 import envelope_pb2
-from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes
+from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes, has_errors, partition_runs
 
 from tests.unit._fakes import (
     ALL_TS_TYPES,
@@ -236,3 +237,42 @@ def test_envelopes_are_filled_greedily(seed: int) -> None:
         index += len(sizes)
         # Cut only because the next record did not fit, by count or by size.
         assert len(sizes) == max_records or sum(sizes) + size_of(msgs[index]) > max_bytes
+
+
+# ------------------------------------------------------------ batch grouping
+
+
+def _msg(topic: str, partition: int, offset: int) -> Message:
+    return Message(topic=topic, partition=partition, offset=offset, value=b"v", timestamp=(1, 0))
+
+
+def test_partition_runs_regroups_interleaved_chunks_in_order() -> None:
+    """librdkafka hands out chunks per partition, interleaved; each partition's order must survive."""
+    batch = [
+        *(_msg("a", 0, o) for o in (0, 1, 2)),
+        *(_msg("a", 1, o) for o in (7, 8)),
+        *(_msg("b", 0, o) for o in (4,)),  # same partition number, other topic
+        *(_msg("a", 0, o) for o in (3, 4)),
+        *(_msg("a", 1, o) for o in (9,)),
+    ]
+    runs = partition_runs(batch)
+    assert {k: [m.offset() for m in v] for k, v in runs.items()} == {
+        ("a", 0): [0, 1, 2, 3, 4],
+        ("a", 1): [7, 8, 9],
+        ("b", 0): [4],
+    }
+    assert list(runs) == [("a", 0), ("a", 1), ("b", 0)]
+
+
+@pytest.mark.parametrize("size", [0, 1, 500])
+def test_partition_runs_of_one_partition_is_the_batch(size: int) -> None:
+    batch = [_msg("t", 3, o) for o in range(size)]
+    runs = partition_runs(batch)
+    assert runs == ({("t", 3): batch} if size else {})
+
+
+def test_has_errors_sees_an_error_event_anywhere() -> None:
+    batch = [_msg("t", 0, o) for o in range(5)]
+    assert not has_errors(batch)
+    batch[3].set_error(KafkaError(KafkaError._PARTITION_EOF))
+    assert has_errors(batch)

@@ -112,7 +112,7 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert flow.start_position == "earliest"
     assert flow.on_topic_recreated == "reset"
     assert flow.staging_topic is None
-    assert cfg.deduper.transaction_interval_ms == 500
+    assert cfg.deduper.transaction_interval_ms == 100
     assert cfg.rpc.auth_token is None
     assert not cfg.rpc.tls.enabled
 

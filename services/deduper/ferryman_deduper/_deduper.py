@@ -99,6 +99,7 @@ class DeduperStats:
     transactions_aborted: int = 0
     producer_rebuilds: int = 0
     gaps_healed: int = 0
+    rewinds: int = 0
 
 
 class Deduper:
@@ -338,29 +339,43 @@ class Deduper:
             self._check_consumer()
             self._finish_restores()
             now = time.monotonic()
+            # Catching up (a full batch came back): stretch the transaction so
+            # commits stay a small share of the time. Caught up: commit on the
+            # interval, for latency. Both budgets are checked after every
+            # envelope, so a large batch never makes one oversized transaction.
+            backlogged = len(msgs) >= self._dc.consume_batch_size
+            min_age = max(interval, self._commit_cost_budget()) if backlogged else interval
+            rewinds = self.stats.rewinds
             try:
                 for msg in msgs:
                     self._process(msg)
+                    if self._transaction_due(min_age):
+                        self._budget_commit()
+                        if self.stats.rewinds != rewinds:
+                            break  # the commit failed and rewound: the rest of the batch is read again
                 self._producer.poll(0)
             except KafkaException as exc:
                 # produce()/begin_transaction()/poll() refused: the producer is in
                 # an error state; the rest of the batch is re-read after the rewind.
                 self._recover(exc, "writing the transaction")
-            # Catching up (a full batch came back): stretch the transaction so
-            # commits stay a small share of the time. Caught up: commit on the
-            # interval, for latency.
-            backlogged = len(msgs) >= self._dc.consume_batch_size
-            min_age = max(interval, self._commit_cost_budget()) if backlogged else interval
-            if self._txn_open and (
-                now - self._txn_started >= min_age or self._txn_records >= self._dc.transaction_max_records
-            ):
-                started = time.monotonic()
-                self._commit("budget")
-                self._last_commit_s = time.monotonic() - started
+            if self._transaction_due(min_age):
+                self._budget_commit()
             if now >= next_sync:
                 self._destinations.sync_all()
                 next_sync = now + _SPEC_SYNC_INTERVAL_S
             self._control_tick(now)
+
+    def _transaction_due(self, min_age_s: float) -> bool:
+        """The open transaction is old enough, or big enough, to commit."""
+        return self._txn_open and (
+            self._txn_records >= self._dc.transaction_max_records or time.monotonic() - self._txn_started >= min_age_s
+        )
+
+    def _budget_commit(self) -> None:
+        """Commit on the time/size budget, timing it for the adaptive budget."""
+        started = time.monotonic()
+        self._commit("budget")
+        self._last_commit_s = time.monotonic() - started
 
     def _commit_cost_budget(self) -> float:
         """Shortest transaction worth its commit: commits take at most ~25% of the time.
@@ -888,6 +903,7 @@ class Deduper:
 
     def _rewind(self, partitions: set[int] | None = None) -> None:
         """Drop the open transaction's work and resume owned partitions from their last commit."""
+        self.stats.rewinds += 1
         self._clear_transaction()
         self._gaps.clear()
         parts = set(self._owned) if partitions is None else partitions

@@ -9,9 +9,12 @@ record was built as its own protobuf message).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import chain, compress, count, islice
+from operator import add, ne, or_
 from typing import Any
 
 from confluent_kafka import Message
@@ -24,10 +27,42 @@ _key: Any = Message.key
 _value: Any = Message.value
 _headers: Any = Message.headers
 _timestamp: Any = Message.timestamp
-_type_of = itemgetter(0)
-_stamp_of = itemgetter(1)
+_topic: Any = Message.topic
+_partition: Any = Message.partition
+_error: Any = Message.error
 #: Fixed per-record share of the size estimate (offset, timestamp, tags); see envelope.record_size.
 _RECORD_OVERHEAD_BYTES = 32
+
+
+def has_errors(messages: Sequence[Message]) -> bool:
+    """Whether any of the consumed messages is an error event (checked in C)."""
+    return any(map(_error, messages))
+
+
+def partition_runs(messages: Sequence[Message]) -> dict[tuple[str, int], list[Message]]:
+    """Group a consume() batch by (topic, partition), keeping each partition's order.
+
+    librdkafka hands out each partition's messages in contiguous chunks, so
+    the cut points are found by comparing the topic and partition columns with
+    their shifted selves, in C; only the few chunks are handled in Python.
+    The messages must be records, not error events.
+    """
+    n = len(messages)
+    if not n:
+        return {}
+    parts: list[int] = list(map(_partition, messages))
+    topics: list[str] = list(map(_topic, messages))
+    changed = map(or_, map(ne, parts, islice(parts, 1, None)), map(ne, topics, islice(topics, 1, None)))
+    cuts = [0, *compress(count(1), changed), n]
+    runs: dict[tuple[str, int], list[Message]] = {}
+    for lo, hi in itertools.pairwise(cuts):
+        key = (topics[lo], parts[lo])
+        run = runs.get(key)
+        if run is None:
+            runs[key] = list(messages[lo:hi])
+        else:
+            run.extend(messages[lo:hi])
+    return runs
 
 
 @dataclass(frozen=True)
@@ -63,9 +98,9 @@ def build_envelopes(
     offsets: list[int] = list(map(_offset, messages))
     keys: list[bytes | None] = list(map(_key, messages))
     values: list[bytes | None] = list(map(_value, messages))
-    stamped = list(map(_timestamp, messages))
-    stamps: list[int] = list(map(_stamp_of, stamped))
-    types: list[int] = list(map(_type_of, stamped))
+    # timestamp() returns (type, ms): flattened once, the two columns are strided slices.
+    flat: list[int] = list(chain.from_iterable(map(_timestamp, messages)))
+    stamps, types = flat[1::2], flat[0::2]
     header_column: list[Headers | None] = list(map(_headers, messages))
     has_headers = any(header_column)
     # confluent-kafka type codes to the proto enum; an unknown code is UNSPECIFIED, never a guess.
@@ -102,11 +137,11 @@ def _boundaries(
     max_records: int,
     max_bytes: int,
 ) -> list[tuple[int, int]]:
-    """[lo, hi) index ranges of the envelopes, by the record and size budgets.
+    """[lo, hi) index ranges of the envelopes, filled greedily by the record and size budgets.
 
     Fast path (records far below the size budget, the usual case): cut every
-    max_records and check each piece's total size with C-level sums. Only a
-    piece over the size budget is cut record by record.
+    max_records while each piece's total size (a C-level sum) fits. From the
+    first piece that does not fit, cut by prefix sums of the record sizes.
     """
     n = len(keys)
     out: list[tuple[int, int]] = []
@@ -134,16 +169,28 @@ def _cut_by_size(
     max_records: int,
     max_bytes: int,
 ) -> list[tuple[int, int]]:
-    """Record-by-record cut from lo: a record that alone exceeds max_bytes gets an envelope of its own."""
+    """Greedy cut from lo by prefix sums of the records' envelope.record_size.
+
+    Each envelope takes records while they fit; a record alone over max_bytes
+    gets an envelope of its own.
+    """
+    ks = [b"" if k is None else k for k in keys[lo:]] if None in keys else keys[lo:]
+    vs = [b"" if v is None else v for v in values[lo:]] if None in values else values[lo:]
+    sizes = list(map(add, map(len, ks), map(len, vs)))  # type: ignore[arg-type]  # no None left
+    if headers is not None:
+        sizes = [
+            s + envelope.record_size(None, None, h) if h else s + _RECORD_OVERHEAD_BYTES
+            for s, h in zip(sizes, headers[lo:], strict=True)
+        ]
+    else:
+        sizes = list(map(add, sizes, itertools.repeat(_RECORD_OVERHEAD_BYTES)))
+    ends = list(itertools.accumulate(sizes))  # ends[i]: size of records lo..lo+i
     out: list[tuple[int, int]] = []
-    start, count, size = lo, 0, 0
-    for i in range(lo, len(keys)):
-        rec = envelope.record_size(keys[i], values[i], headers[i] if headers is not None else None)
-        if count and (count >= max_records or size + rec > max_bytes):
-            out.append((start, i))
-            start, count, size = i, 0, 0
-        count += 1
-        size += rec
-    if count:
-        out.append((start, len(keys)))
+    start, base, m = 0, 0, len(ends)
+    while start < m:
+        stop = bisect.bisect_right(ends, base + max_bytes, start)  # records start..stop-1 fit
+        stop = min(max(stop, start + 1), start + max_records)
+        out.append((lo + start, lo + stop))
+        base = ends[stop - 1]
+        start = stop
     return out

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import grpc
 from confluent_kafka import (
@@ -44,7 +44,7 @@ from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_waterma
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
-from ferryman_wrapper._envelopes import build_envelopes
+from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
 from ferryman_wrapper._progress import ProgressTracker
 from ferryman_wrapper._specs import SpecPublisher
 
@@ -407,22 +407,24 @@ class Wrapper:
 
     # ---------------------------------------------------------------- data path
     def _wrap(self, msgs: Sequence[Message]) -> None:
-        runs: dict[PartitionKey, list[Message]] = {}
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                self._on_consume_error(msg, err)
-                continue
-            key = PartitionKey(cast(str, msg.topic()), cast(int, msg.partition()))
-            run = runs.get(key)
-            if run is None:
-                runs[key] = [msg]
-            else:
-                run.append(msg)
-        for key, run in runs.items():
+        if has_errors(msgs):
+            msgs = self._records_only(msgs)
+        for (topic, partition), run in partition_runs(msgs).items():
+            key = PartitionKey(topic, partition)
             if key not in self._chain:
                 continue  # revoked while the batch was in hand
             self._send_run(key, run)
+
+    def _records_only(self, msgs: Sequence[Message]) -> list[Message]:
+        """The records of a batch that also holds error events, which are handled here (or raise)."""
+        records = []
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                records.append(msg)
+            else:
+                self._on_consume_error(msg, err)
+        return records
 
     def _send_run(self, key: PartitionKey, run: list[Message]) -> None:
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
