@@ -90,8 +90,7 @@ def read_compacted(
         pending = {
             p
             for p in parts
-            if (w := consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)) is None
-            or w[0] < w[1]
+            if (w := consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)) is None or w[0] < w[1]
         }
         if not pending:
             return out
