@@ -221,8 +221,12 @@ class DeduperConfig(_Model):
     """Budget for one flush/commit/abort/init call including retries."""
     linger_ms: int = Field(default=5, ge=0)
     """Producer linger for destination writes."""
-    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
-    """Compression of destination batches."""
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
+    """Compression of destination batches. ``none`` like Kafka's producer and
+    MirrorMaker 2: the destination broker is near, and compressing costs the
+    deduper and the broker (which decompresses to validate) CPU per record. A
+    destination topic whose ``compression.type`` config is set (replicated from
+    the source) is compressed by the broker either way."""
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
     """Producer ``message.max.bytes``; the destination topic's own limit still applies."""
     listen_address: str = "[::]:7460"
