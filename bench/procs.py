@@ -12,34 +12,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+from ferryman_local import die_with_parent_preexec
+
 _live: set[subprocess.Popen[bytes]] = set()
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the bench died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def spawn(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -52,7 +34,7 @@ def spawn(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) 
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509 -- only prctl(2), see the module docstring
+            preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 -- only prctl(2), see the module docstring
         )
     _live.add(proc)
     return proc

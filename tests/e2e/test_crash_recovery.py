@@ -63,6 +63,9 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
             destination_bootstrap=destination_cluster.bootstrap_servers,
             flow=unique_name("flow"),
             topics=topics,
+            # Far below what one consume batch brings while catching up after a
+            # kill: transactions are committed mid-batch on the size budget too.
+            deduper={"transaction_max_records": 700},
         ),
     )
     producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=6000, rate_per_s=2500)

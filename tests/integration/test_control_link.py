@@ -234,9 +234,11 @@ def test_both_services_serve_health_and_reflection_and_drain_on_sigterm(linked: 
 # -- backpressure ------------------------------------------------------------------------------------------------
 
 
-#: Records per partition of the backpressure burst: 2 per envelope, so staging ends far more than
-#: the limit (50 envelopes) ahead of a deduper that was away, yet it is worked through in seconds.
-BURST_PER_PARTITION = 1500
+#: Records per partition of the backpressure burst: 2 per envelope, so staging ends 300 envelopes,
+#: far more than the limit (50), ahead of a deduper that was away. The deduper commits a transaction
+#: per envelope (a slow destination), so working through them takes seconds: longer than the
+#: wrapper's reconnect (at most 1 s), whatever the speed of the rest of the deduper.
+BURST_PER_PARTITION = 150
 
 
 def test_backpressure_pauses_and_resumes_the_wrapper(
@@ -254,7 +256,12 @@ def test_backpressure_pauses_and_resumes_the_wrapper(
         wrapper={"envelope_max_records": 2},
         # A small batch and frequent checks: the deduper is fast, so its lag must be
         # measured while it is still working through the backlog.
-        deduper={"backpressure_max_staging_lag": 50, "consume_batch_size": 20, "watermark_interval_s": 0.05},
+        deduper={
+            "backpressure_max_staging_lag": 50,
+            "consume_batch_size": 20,
+            "watermark_interval_s": 0.05,
+            "transaction_max_records": 2,
+        },
     )
     paused_seen: list[control_pb2.GetWrapperStatusResponse] = []
     try:

@@ -9,6 +9,7 @@ does the same from a shell.
 from ferryman_local._cluster import JVM_OPTIONS, SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
 from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
+from ferryman_local._process import die_with_parent_preexec
 
 __all__ = [
     "JVM_OPTIONS",
@@ -20,6 +21,7 @@ __all__ = [
     "LocalCluster",
     "ToolMissingError",
     "cache_dir",
+    "die_with_parent_preexec",
     "ensure_kafka_jars",
     "start_clusters",
 ]

@@ -33,7 +33,8 @@ from typing import IO
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _pdeathsig_preexec() -> Callable[[], None] | None:
+def die_with_parent_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux kill the child when this process dies (None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -58,7 +59,7 @@ class _Launcher:
 
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        self._preexec = _pdeathsig_preexec()
+        self._preexec = die_with_parent_preexec()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
