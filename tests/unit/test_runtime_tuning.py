@@ -1,0 +1,45 @@
+"""Process-level tuning shared by both services: streaming consumer settings and the GC."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS, streaming_consumer_config
+from ferryman.config import ClusterConfig
+from ferryman.service import tune_gc
+
+
+def test_streaming_consumers_never_idle_on_a_full_prefetch_queue() -> None:
+    conf = streaming_consumer_config(ClusterConfig(bootstrap_servers="k:9092"), "w-1-source")
+    assert conf["fetch.queue.backoff.ms"] == 5  # librdkafka's 1 s default starved the wrapper
+    assert conf["fetch.wait.max.ms"] == 20
+    assert (conf["bootstrap.servers"], conf["client.id"]) == ("k:9092", "w-1-source")
+
+
+def test_a_clusters_client_config_overrides_the_streaming_defaults() -> None:
+    cluster = ClusterConfig(
+        bootstrap_servers="k:9092", client_config={"fetch.queue.backoff.ms": "100", "security.protocol": "SSL"}
+    )
+    conf = streaming_consumer_config(cluster, "d-1-staging")
+    assert conf["fetch.queue.backoff.ms"] == "100"
+    assert conf["security.protocol"] == "SSL"
+    assert conf["fetch.wait.max.ms"] == STREAMING_CONSUMER_DEFAULTS["fetch.wait.max.ms"]
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_tune_gc_freezes_the_start_up_heap_and_collects_young_objects_rarely() -> None:
+    alive = [object() for _ in range(10)]  # stand-in for the start-up heap
+    _g0, g1, g2 = gc.get_threshold()
+    tune_gc()
+    assert gc.get_freeze_count() > len(alive)
+    assert gc.get_threshold() == (50_000, g1, g2)
