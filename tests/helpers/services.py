@@ -84,7 +84,9 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         """Start (or restart) the process."""
         self.starts += 1
-        log = self.log_dir / f"{self.kind}-{'-'.join(self.args) or 'x'}-{self.starts}.log".replace("/", "_")
+        # Two processes of one kind with the same arguments (a fencing test) must not share a log.
+        name = f"{self.kind}-{'-'.join(self.args) or 'x'}-{id(self):x}-{self.starts}.log".replace("/", "_")
+        log = self.log_dir / name
         self.logs.append(log)
         env = dict(os.environ)
         env.update(self.env or {})

@@ -152,6 +152,8 @@ class Deduper:
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
         self._fatal: BaseException | None = None
+        #: A transactional failure met inside a rebalance callback, recovered by the loop.
+        self._deferred_failure: tuple[BaseException, str] | None = None
 
     # ------------------------------------------------------------------ setup
     def _client_conf(self, suffix: str) -> dict[str, Any]:
@@ -323,6 +325,10 @@ class Deduper:
         try:
             self._loop()
             self._server.begin_drain()
+            if self._deferred_failure is not None:  # met in a rebalance callback just before the stop
+                exc, what = self._deferred_failure
+                self._deferred_failure = None
+                self._recover(exc, what)
             self._commit("shutdown")
         finally:
             self._server.begin_drain()
@@ -337,6 +343,13 @@ class Deduper:
             if self._fatal is not None:
                 raise self._fatal
             self._check_consumer()
+            if self._deferred_failure is not None:
+                # A commit failed in a rebalance callback during consume(): recover
+                # (abort or rebuild, then rewind) and let the batch be read again.
+                exc, what = self._deferred_failure
+                self._deferred_failure = None
+                self._recover(exc, what)
+                continue
             self._finish_restores()
             now = time.monotonic()
             # Catching up (a full batch came back): stretch the transaction so
@@ -715,8 +728,14 @@ class Deduper:
         return on_delivery
 
     # ----------------------------------------------------------- transactions
-    def _commit(self, reason: str) -> None:
-        """Commit the open transaction: records, watermarks, offset map, staging offsets."""
+    def _commit(self, reason: str, *, in_callback: bool = False) -> None:
+        """Commit the open transaction: records, watermarks, offset map, staging offsets.
+
+        A failure is recovered at once, or, inside a rebalance callback
+        (in_callback), recorded for the loop to recover before it processes
+        anything else: recovery restores state with blocking calls
+        (committed offsets, the state topic), which time out in a callback.
+        """
         if not self._txn_open:
             return
         budget = self._dc.operation_timeout_s
@@ -754,7 +773,10 @@ class Deduper:
                     )
         except (KafkaException, KafkaOperationError) as exc:
             self._commit_failures += 1
-            self._recover(exc, f"commit ({reason})")
+            if in_callback:
+                self._deferred_failure = (exc, f"commit ({reason})")
+            else:
+                self._recover(exc, f"commit ({reason})")
             return
         self._commit_failures = 0
         for key, st in self._pending.items():
@@ -1010,9 +1032,13 @@ class Deduper:
         if self._txn_open:
             if lost:
                 # Our generation is gone: the offsets commit would be refused.
-                self._recover(KafkaException(KafkaError(KafkaError._STATE, "partitions lost")), "lost partitions")
+                # Recovered from the loop (see _commit), never inside this callback.
+                self._deferred_failure = (
+                    KafkaException(KafkaError(KafkaError._STATE, "partitions lost")),
+                    "lost partitions",
+                )
             else:
-                self._commit("revoke")
+                self._commit("revoke", in_callback=True)
         self._owned -= parts
         n = self._flow.staging_partitions
         for key in [k for k in self._committed if envelope.staging_partition(k.topic, k.partition, n) in parts]:
