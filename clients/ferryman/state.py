@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ferryman.errors import KafkaOperationError
+from ferryman.kafka_errors import retry_retriable
 from ferryman.v1 import state_pb2
 
 #: Configs of the compacted internal topics (state, topic specs, offset map).
@@ -86,12 +87,18 @@ def read_compacted(
     consumer = Consumer(conf)
     try:
         deadline = time.monotonic() + timeout_s
-        # An empty partition (low == high watermark) has nothing to restore.
-        pending = {
-            p
-            for p in parts
-            if (w := consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)) is None or w[0] < w[1]
-        }
+
+        # An empty partition (low == high watermark) has nothing to restore. The
+        # topic may have been created a moment ago: leadership moves are retried.
+        def nonempty(p: int) -> bool:
+            w = retry_retriable(
+                lambda: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s),
+                what=f"reading the offsets of {topic} [{p}]",
+                budget_s=timeout_s,
+            )
+            return w is None or w[0] < w[1]
+
+        pending = {p for p in parts if nonempty(p)}
         if not pending:
             return out
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
