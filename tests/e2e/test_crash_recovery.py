@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.helpers.kafka import assert_exact_copy, create_topic, read_all
+from tests.helpers.grpc_clients import deduper_status, local
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, flow_config, write_config
 
 pytestmark = pytest.mark.e2e
@@ -135,3 +137,75 @@ def test_second_deduper_with_same_identity_is_fenced(
         wrapper.stop()
         first.stop()
         second.stop()
+
+
+def test_deduper_fenced_while_a_revoke_commits_its_transaction_neither_hangs_nor_duplicates(
+    source_cluster, destination_cluster, unique_name, tmp_path: Path
+) -> None:
+    """The commit made inside the revoke callback fails (fenced) and must be recovered from the loop.
+
+    Deduper "a" holds an open transaction (a long transaction interval, no new
+    data). The test takes over a's transactional.id, which aborts that
+    transaction, then starts deduper "b" in the same group: the rebalance
+    revokes partitions from a, whose revoke-time commit now fails. Recovering
+    inside the callback would block on committed() there (it times out in a
+    rebalance callback) and stall the group; a must exit as fenced instead,
+    and b must then deliver every record exactly once.
+
+    Here the failed commit reports the fence itself. The variant seen once in
+    CI, where it surfaced as a generic fatal error first, is not forced by this
+    test; the fix (recovery deferred to the loop) covers both.
+    """
+    topic = unique_name("revoke-fence")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    flow = unique_name("flow")
+    common = {
+        "source_bootstrap": source_cluster.bootstrap_servers,
+        "destination_bootstrap": destination_cluster.bootstrap_servers,
+        "flow": flow,
+        "topics": [topic],
+    }
+    # a's transactions stay open far longer than the test needs to act; b commits as usual.
+    cfg_a = write_config(
+        tmp_path / "a.yaml",
+        flow_config(**common, deduper={"transaction_interval_ms": 120_000, "transaction_timeout_ms": 300_000}),
+    )
+    cfg_b = write_config(tmp_path / "b.yaml", flow_config(**common))
+    wrapper = ServiceProcess("wrapper", cfg_b, tmp_path).start()
+    a = ServiceProcess("deduper", cfg_a, tmp_path, args=["--instance-id", "a"]).start()
+    b = ServiceProcess("deduper", cfg_b, tmp_path, args=["--instance-id", "b"])
+    try:
+        a.wait_for_log("ready (now own", 60)
+        producer = SequenceProducer(source_cluster.bootstrap_servers, [topic], per_partition=200, rate_per_s=10_000)
+        producer.run()
+        assert producer.error is None
+        # a has written every record into its open transaction (written, not committed).
+        port = re.search(r"deduper gRPC server listening on port (\d+)", a.output())
+        assert port is not None
+        wait_until(
+            lambda: deduper_status(local(int(port.group(1)))).records_written == 4 * 200,
+            60,
+            message="a writes every record into its open transaction",
+        )
+        # Take over a's transactional.id: the coordinator aborts a's open transaction.
+        usurper = Producer(
+            {
+                "bootstrap.servers": destination_cluster.bootstrap_servers,
+                "transactional.id": f"ferryman-deduper.{flow}.a",
+            }
+        )
+        usurper.init_transactions(30)
+        b.start()
+        # Fenced as soon as the rebalance makes it commit: a prompt exit 3, never a stall in the callback.
+        assert a.wait_exit(60) == 3, a.output()[-3000:]
+        # With a 120 s interval the only commit a attempts is the one the revoke makes,
+        # and sending the staging offsets is what met the fence.
+        assert "Failed to add offsets to transaction" in a.output()
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=4 * 200, timeout_s=180)
+        assert_exact_copy(src, dst)
+        assert b.alive
+    finally:
+        wrapper.stop()
+        a.stop()
+        b.stop()
