@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException
 
+from bench.loader import LoadProducer
 from bench.records import make_key, make_value, padding, split_counts
 from bench.verify import LiveWatcher
 
@@ -72,24 +73,13 @@ def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float
     Raises:
         KafkaException: a record was not delivered.
     """
-    errors: list[KafkaError] = []
-
-    def on_error(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            errors.append(err)
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            # 1 ms: the producer's batching adds at most 1 ms to what is measured.
-            "linger.ms": 1,
-            "delivery.report.only.error": True,
-            "on_delivery": on_error,
-            # High offered rates: room for a second of records while the broker catches up.
-            "queue.buffering.max.messages": 1_000_000,
-        }
+    load = LoadProducer(
+        bootstrap,
+        # 1 ms: the producer's batching adds at most 1 ms to what is measured. High offered
+        # rates: room for a second of records while the broker catches up.
+        **{"linger.ms": 1, "queue.buffering.max.messages": 1_000_000},
     )
+    producer = load.producer
     # Connection and metadata first: the first records must not carry the producer's start-up.
     producer.list_topics(topic, timeout=_FLUSH_BUDGET_S)
     pad = padding(value_bytes)
@@ -109,9 +99,7 @@ def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float
             i += 1
         producer.poll(_PACING_TICK_S)  # pacing of the offered load, not synchronisation
     elapsed = time.monotonic() - start
-    left = producer.flush(_FLUSH_BUDGET_S)
-    if errors or left:
-        raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT, f"{left} records unsent"))
+    load.finish(_FLUSH_BUDGET_S)
     return records / elapsed if elapsed > 0 else math.inf
 
 

@@ -14,8 +14,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
+from bench.loader import LoadProducer
 from bench.records import make_key, make_value, padding
 
 #: Waiting for room in librdkafka's queue: serve delivery reports this long, then retry.
@@ -40,24 +39,12 @@ def _write_partitions(
     bootstrap: str, topic: str, jobs: list[tuple[int, int]], value_bytes: int, budget_s: float
 ) -> int:
     """Worker: write ``count`` records to each ``(partition, count)``; return records written."""
-    errors: list[KafkaError] = []
-
-    def on_error(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            errors.append(err)
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            # Big batches: the preload is not timed per record, only its total matters.
-            "linger.ms": 20,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 1_000_000,
-            "delivery.report.only.error": True,
-            "on_delivery": on_error,
-        }
+    load = LoadProducer(
+        bootstrap,
+        # Big batches: the preload is not timed per record, only its total matters.
+        **{"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000},
     )
+    producer = load.producer
     pad = padding(value_bytes)
     produce = producer.produce
     written = 0
@@ -73,9 +60,7 @@ def _write_partitions(
                     producer.poll(_QUEUE_FULL_POLL_S)
             written += 1
         producer.poll(0)
-    left = producer.flush(budget_s)
-    if left or errors:
-        raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT, f"{left} records unsent"))
+    load.finish(budget_s)
     return written
 
 

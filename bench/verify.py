@@ -258,6 +258,13 @@ def audit(bootstrap: str, topic: str, counts: Sequence[int], budget_s: float) ->
         if md is None or md.error is not None:
             return Audit(tally, False, time.monotonic() - start, f"topic {topic} does not exist")
         pending = set(md.partitions)
+        # commit_transaction() returns before the coordinator has written the commit
+        # markers, so right after a commit a partition's read_committed end (its last
+        # stable offset) can still lag its records: an end-of-partition only counts
+        # once it is at or past the high watermark seen when the read began.
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S)[1] for p in pending
+        }
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
         while pending and time.monotonic() < deadline:
             msgs = consumer.consume(_CONSUME_BATCH, _CONSUME_TIMEOUT_S)
@@ -269,7 +276,9 @@ def audit(bootstrap: str, topic: str, counts: Sequence[int], budget_s: float) ->
                     continue
                 if err.code() != KafkaError._PARTITION_EOF:
                     return Audit(tally, False, time.monotonic() - start, str(err))
-                pending.discard(m.partition() or 0)
+                partition = m.partition() or 0
+                if (m.offset() or 0) >= ends[partition]:
+                    pending.discard(partition)
         return Audit(tally, not pending, time.monotonic() - start)
     finally:
         consumer.close()
