@@ -325,10 +325,7 @@ class Deduper:
         try:
             self._loop()
             self._server.begin_drain()
-            if self._deferred_failure is not None:  # met in a rebalance callback just before the stop
-                exc, what = self._deferred_failure
-                self._deferred_failure = None
-                self._recover(exc, what)
+            self._recover_deferred()  # a failure met in a rebalance callback just before the stop
             self._commit("shutdown")
         finally:
             self._server.begin_drain()
@@ -343,13 +340,8 @@ class Deduper:
             if self._fatal is not None:
                 raise self._fatal
             self._check_consumer()
-            if self._deferred_failure is not None:
-                # A commit failed in a rebalance callback during consume(): recover
-                # (abort or rebuild, then rewind) and let the batch be read again.
-                exc, what = self._deferred_failure
-                self._deferred_failure = None
-                self._recover(exc, what)
-                continue
+            if self._recover_deferred():
+                continue  # the batch is read again after the rewind
             self._finish_restores()
             now = time.monotonic()
             # Catching up (a full batch came back): stretch the transaction so
@@ -377,6 +369,19 @@ class Deduper:
                 self._destinations.sync_all()
                 next_sync = now + _SPEC_SYNC_INTERVAL_S
             self._control_tick(now)
+
+    def _recover_deferred(self) -> bool:
+        """Recover a commit failure met inside a rebalance callback, if any (loop thread only).
+
+        Returns:
+            Whether there was one: the positions were rewound (abort or rebuild first).
+        """
+        if self._deferred_failure is None:
+            return False
+        exc, what = self._deferred_failure
+        self._deferred_failure = None
+        self._recover(exc, what)
+        return True
 
     def _transaction_due(self, min_age_s: float) -> bool:
         """The open transaction is old enough, or big enough, to commit."""
