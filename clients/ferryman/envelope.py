@@ -42,11 +42,22 @@ ENVELOPE_OVERHEAD_BYTES = 4096
 Headers = list[tuple[str, bytes | None]]
 
 
+#: Fixed share of record_size for every record (offset, timestamp, field tags).
+RECORD_OVERHEAD_BYTES = 32
+#: Fixed share of headers_size for every header (tags, lengths).
+HEADER_OVERHEAD_BYTES = 8
+
+
+def headers_size(headers: Sequence[tuple[str, bytes | None]]) -> int:
+    """Approximate encoded size of one record's headers (part of record_size)."""
+    return sum(HEADER_OVERHEAD_BYTES + len(k) + (len(v) if v else 0) for k, v in headers)
+
+
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> int:
     """Approximate encoded size of one record, for envelope size budgeting."""
-    size = 32 + (len(key) if key else 0) + (len(value) if value else 0)
+    size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
     if headers:
-        size += sum(8 + len(k) + (len(v) if v else 0) for k, v in headers)
+        size += headers_size(headers)
     return size
 
 
@@ -152,11 +163,7 @@ def batch_of(run: RecordRun) -> envelope_pb2.RecordBatch:
     if null_values:
         batch.null_values.extend(null_values)
     for index, headers in run.headers:
-        rh = batch.headers.add(index=index)
-        for hkey, hvalue in headers:
-            h = rh.headers.add(key=hkey)
-            if hvalue is not None:
-                h.value = hvalue
+        add_headers(batch.headers.add(index=index), headers)
     return batch
 
 
@@ -192,7 +199,7 @@ def run_of(batch: envelope_pb2.RecordBatch) -> RecordRun:
     for rh in batch.headers:
         if not 0 <= rh.index < n or (headers and rh.index <= headers[-1][0]):
             raise EnvelopeError(f"columnar batch header index {rh.index} out of order or range")
-        headers.append((rh.index, [(h.key, h.value if h.HasField("value") else None) for h in rh.headers]))
+        headers.append((rh.index, headers_of(rh)))
     return RecordRun(
         offsets=offsets,
         timestamps_ms=list(batch.timestamps_ms),
@@ -329,13 +336,15 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
     )
 
 
-def headers_of(record: envelope_pb2.Record) -> list[tuple[str, bytes | None]]:
-    """Headers of a row-form record in confluent-kafka's form, nulls kept."""
+def headers_of(record: envelope_pb2.Record | envelope_pb2.RecordHeaders) -> list[tuple[str, bytes | None]]:
+    """Headers of a row-form record (or a columnar batch's RecordHeaders) in confluent-kafka's form, nulls kept."""
     return [(h.key, h.value if h.HasField("value") else None) for h in record.headers]
 
 
-def add_headers(record: envelope_pb2.Record, headers: Iterable[tuple[str, bytes | None]]) -> None:
-    """Append confluent-kafka-style headers to a row-form record being built."""
+def add_headers(
+    record: envelope_pb2.Record | envelope_pb2.RecordHeaders, headers: Iterable[tuple[str, bytes | None]]
+) -> None:
+    """Append confluent-kafka-style headers to a row-form record (or a RecordHeaders) being built."""
     for key, value in headers:
         h = record.headers.add(key=key)
         if value is not None:

@@ -156,8 +156,11 @@ class Deduper:
         self._deferred_failure: tuple[BaseException, str] | None = None
 
     # ------------------------------------------------------------------ setup
+    def _client_id(self, suffix: str) -> str:
+        return f"ferryman-deduper-{self.instance_id}-{suffix}"
+
     def _client_conf(self, suffix: str) -> dict[str, Any]:
-        return base_config(self._target, f"ferryman-deduper-{self.instance_id}-{suffix}")
+        return base_config(self._target, self._client_id(suffix))
 
     def _make_producer(self) -> Producer:
         conf = self._client_conf("producer")
@@ -207,7 +210,7 @@ class Deduper:
         raise KafkaOperationError("staging consumer", KafkaException(err))
 
     def _make_consumer(self) -> Consumer:
-        conf = streaming_consumer_config(self._target, f"ferryman-deduper-{self.instance_id}-staging")
+        conf = streaming_consumer_config(self._target, self._client_id("staging"))
         conf.update(
             {
                 "group.id": self._names.deduper_group,

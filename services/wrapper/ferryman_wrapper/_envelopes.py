@@ -30,8 +30,6 @@ _timestamp: Any = Message.timestamp
 _topic: Any = Message.topic
 _partition: Any = Message.partition
 _error: Any = Message.error
-#: Fixed per-record share of the size estimate (offset, timestamp, tags); see envelope.record_size.
-_RECORD_OVERHEAD_BYTES = 32
 
 
 def has_errors(messages: Sequence[Message]) -> bool:
@@ -149,10 +147,10 @@ def _boundaries(
     while lo < n:
         hi = min(n, lo + max_records)
         whole = lo == 0 and hi == n
-        size = _RECORD_OVERHEAD_BYTES * (hi - lo)
+        size = envelope.RECORD_OVERHEAD_BYTES * (hi - lo)
         size += _bytes(keys) + _bytes(values) if whole else _bytes(keys[lo:hi]) + _bytes(values[lo:hi])
         if headers is not None:
-            size += sum(envelope.record_size(None, None, h) - _RECORD_OVERHEAD_BYTES for h in headers[lo:hi] if h)
+            size += sum(envelope.headers_size(h) for h in headers[lo:hi] if h)
         if size > max_bytes:
             return out + _cut_by_size(keys, values, headers, lo=lo, max_records=max_records, max_bytes=max_bytes)
         out.append((lo, hi))
@@ -179,11 +177,11 @@ def _cut_by_size(
     sizes = list(map(add, map(len, ks), map(len, vs)))  # type: ignore[arg-type]  # no None left
     if headers is not None:
         sizes = [
-            s + envelope.record_size(None, None, h) if h else s + _RECORD_OVERHEAD_BYTES
+            s + envelope.RECORD_OVERHEAD_BYTES + (envelope.headers_size(h) if h else 0)
             for s, h in zip(sizes, headers[lo:], strict=True)
         ]
     else:
-        sizes = list(map(add, sizes, itertools.repeat(_RECORD_OVERHEAD_BYTES)))
+        sizes = list(map(add, sizes, itertools.repeat(envelope.RECORD_OVERHEAD_BYTES)))
     ends = list(itertools.accumulate(sizes))  # ends[i]: size of records lo..lo+i
     out: list[tuple[int, int]] = []
     start, base, m = 0, 0, len(ends)
