@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -54,13 +53,6 @@ class RowContext:
     """Configuration files and logs of this row."""
     options: RowOptions
     """Command-line knobs."""
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Row(ABC):

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ferryman_local import reserve_port
 
-from bench.rows.base import Row, RowUnavailableError, free_port
+from bench.rows.base import Row, RowUnavailableError
 
 #: The console scripts live next to the interpreter (``pip install -e .`` puts them there).
 _BIN = Path(sys.executable).parent
@@ -66,7 +67,7 @@ class FerrymanRow(Row):
     def launch(self) -> None:
         """Start the dedupers first (the wrappers connect to them), then the wrappers."""
         opts = self.ctx.options
-        ports = [free_port() for _ in range(opts.deduper_procs)]
+        ports = [reserve_port() for _ in range(opts.deduper_procs)]
         path = self.ctx.work_dir / "ferryman.yaml"
         path.write_text(yaml.safe_dump(self._config(ports), sort_keys=False))
         for i, port in enumerate(ports):

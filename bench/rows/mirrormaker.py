@@ -13,9 +13,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 
-from ferryman_local import HarnessError, ensure_kafka_jars
+from ferryman_local import HarnessError, ensure_kafka_jars, reserve_port
 
-from bench.rows.base import Row, RowContext, RowUnavailableError, free_port
+from bench.rows.base import Row, RowContext, RowUnavailableError
 
 _TARGET = "target"
 #: ``KAFKA_HEAP_OPTS`` of ``bin/connect-mirror-maker.sh`` and ``KAFKA_JVM_PERFORMANCE_OPTS`` of
@@ -106,7 +106,7 @@ class MirrorMakerRow(Row):
                     f"{_TARGET}.exactly.once.source.support": "enabled",
                     # Exactly-once source tasks need the workers' internal REST API (KIP-710).
                     "dedicated.mode.enable.internal.rest": "true",
-                    "listeners": f"http://127.0.0.1:{free_port()}",
+                    "listeners": f"http://127.0.0.1:{reserve_port()}",
                 }
             )
         return props

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from ferryman_local import reserve_port
 
-from tests.helpers.grpc_clients import free_port, start_linked_pair
+from tests.helpers.grpc_clients import start_linked_pair
 from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.tcp_proxy import TcpProxy
 
@@ -108,7 +109,7 @@ def test_link_cut_and_deduper_kill_never_stop_the_data(
 ) -> None:
     topic = unique_name("cut")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
-    dport = free_port()
+    dport = reserve_port()
     with TcpProxy("127.0.0.1", dport) as proxy:
         pair = start_linked_pair(
             tmp_path,

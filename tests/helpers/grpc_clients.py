@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import re
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ferryman.config import RpcConfig
 from ferryman.rpc import RpcServer, build_server, default_server_interceptors, open_channel
 from ferryman.v1 import control_pb2, control_pb2_grpc
 from ferryman_deduper._control import ControlHub, ControlServicer
+from ferryman_local import reserve_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -50,13 +50,6 @@ _NOT_LISTENING = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 
 #: ``%(asctime)s`` of the services' log lines (logging's default format).
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (bind to 0, read it, close)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local(port: int) -> str:
@@ -302,8 +295,8 @@ def start_linked_pair(
             (the deduper must never need it).
         start: which services to start now, in order (the others via ``pair.<name>.start()``).
     """
-    dport = deduper_port or free_port()
-    wport = free_port()
+    dport = deduper_port or reserve_port()
+    wport = reserve_port()
     common: dict[str, Any] = {
         "destination_bootstrap": destination.bootstrap_servers,
         "flow": flow,

@@ -73,7 +73,7 @@ class ServiceProcess:
     """One ferryman-wrapper or ferryman-deduper process with its log file."""
 
     kind: str
-    config: Path
+    config: Path | None
     log_dir: Path
     args: Sequence[str] = ()
     env: Mapping[str, str] | None = None
@@ -92,13 +92,17 @@ class ServiceProcess:
         env.update(self.env or {})
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [str(BIN / f"ferryman-{self.kind}"), "--config", str(self.config), *self.args],
+                [str(BIN / f"ferryman-{self.kind}"), *self._config_args(), *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
         return self
+
+    def _config_args(self) -> list[str]:
+        """``--config FILE``, or nothing when the environment is the whole configuration."""
+        return [] if self.config is None else ["--config", str(self.config)]
 
     @property
     def alive(self) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import BIN, ServiceProcess, flow_config, write_config
+from tests.helpers.services import ServiceProcess, flow_config, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -157,26 +155,25 @@ def test_kafka_reo_environment_variables_are_a_complete_configuration(
         "KAFKA_CLUSTERS_DESTINATION_TOPIC": dst_topic,
         "APPLICATION_NAME": unique_name("app"),
         "FERRYMAN_DEDUPER__INSTANCE_ID": "reo1",
+        # Ephemeral ports: the documented defaults (7450, 7460) may be taken on a shared machine,
+        # and a service that cannot listen exits (CI once saw 0 of 200 records that way).
+        "FERRYMAN_WRAPPER__LISTEN_ADDRESS": "127.0.0.1:0",
+        "FERRYMAN_DEDUPER__LISTEN_ADDRESS": "127.0.0.1:0",
     }
-    procs = []
+    services = [ServiceProcess(kind, None, tmp_path, env=env) for kind in ("wrapper", "deduper")]
     try:
-        for kind in ("wrapper", "deduper"):
-            log = (tmp_path / f"{kind}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [str(BIN / f"ferryman-{kind}")],
-                    env={**os.environ, **env},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        for service in services:
+            service.start()
         src = read_all(source_cluster.bootstrap_servers, src_topic)
-        dst = read_all(destination_cluster.bootstrap_servers, dst_topic, expected=200, timeout_s=90)
+        try:
+            dst = read_all(destination_cluster.bootstrap_servers, dst_topic, expected=200, timeout_s=90)
+        except AssertionError as e:
+            logs = "\n".join(f"--- {s.kind} (alive={s.alive}):\n{s.output()[-3000:]}" for s in services)
+            raise AssertionError(f"{e}\n{logs}") from None
         assert_exact_copy(src, dst)
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(60)
+        for service in services:
+            service.terminate()
 
 
 def test_gap_in_staging_is_reported_and_held_not_skipped(source_cluster, destination_cluster, unique_name, tmp_path):

@@ -23,9 +23,10 @@ from ferryman.rpc import RpcServer, build_server, default_server_interceptors
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub
+from ferryman_local import reserve_port
 from ferryman_wrapper._control import ControlLink
 
-from tests.helpers.grpc_clients import CONTROL_SERVICE, control_server, free_port, local
+from tests.helpers.grpc_clients import CONTROL_SERVICE, control_server, local
 from tests.helpers.kafka import wait_until
 
 #: Longest reconnect backoff of the links under test: short, so that a test
@@ -283,7 +284,7 @@ def running(link: ControlLink) -> Iterator[ControlLink]:
 def test_link_retries_with_capped_backoff_then_says_hello_first_and_sends_current_specs_on_every_connect(
     probe: LinkProbe,
 ) -> None:
-    port = free_port()
+    port = reserve_port()
     recorder = RecordingServicer()
     probe.specs = [_spec("orders")]
     with running(probe.link(port)) as link:
@@ -325,7 +326,7 @@ def test_link_retries_with_capped_backoff_then_says_hello_first_and_sends_curren
 
 
 def test_link_sends_no_specs_message_when_there_are_none(probe: LinkProbe) -> None:
-    port = free_port()
+    port = reserve_port()
     recorder = RecordingServicer()
     with recording_server(port, recorder), running(probe.link(port)) as link:
         wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up")
@@ -335,7 +336,7 @@ def test_link_sends_no_specs_message_when_there_are_none(probe: LinkProbe) -> No
 
 
 def test_pause_is_delivered_and_lifted_when_the_link_drops(probe: LinkProbe) -> None:
-    port = free_port()
+    port = reserve_port()
     hub = ControlHub("d1", "flow")
     with running(probe.link(port)) as link:
         with control_server(hub, listen_address=local(port)):
@@ -363,7 +364,7 @@ def test_pause_is_delivered_and_lifted_when_the_link_drops(probe: LinkProbe) -> 
 
 
 def test_sends_are_dropped_while_disconnected_and_never_delivered_late(probe: LinkProbe) -> None:
-    port = free_port()
+    port = reserve_port()
     recorder = RecordingServicer()
     link = probe.link(port)
     assert not link.send(_progress(1))  # not started: dropped
@@ -384,7 +385,7 @@ def test_sends_are_dropped_while_disconnected_and_never_delivered_late(probe: Li
 
 
 def test_watermarks_and_resend_requests_reach_the_owner_and_resend_data_reaches_the_hub(probe: LinkProbe) -> None:
-    port = free_port()
+    port = reserve_port()
     hub = ControlHub("d1", "flow")
     source = envelope_pb2.SourcePartition(cluster_id="c", topic="orders", partition=2)
     with control_server(hub, listen_address=local(port)), running(probe.link(port)) as link:
@@ -418,7 +419,7 @@ def test_watermarks_and_resend_requests_reach_the_owner_and_resend_data_reaches_
 
 
 def test_stop_is_prompt_idempotent_and_final(probe: LinkProbe) -> None:
-    port = free_port()
+    port = reserve_port()
     hub = ControlHub("d1", "flow")
     with control_server(hub, listen_address=local(port)):
         link = probe.link(port)
@@ -437,7 +438,7 @@ def test_stop_is_prompt_idempotent_and_final(probe: LinkProbe) -> None:
 
 def test_a_refusing_deduper_is_retried_only_after_the_longest_backoff(probe: LinkProbe) -> None:
     """FAILED_PRECONDITION (another flow, another major) will not change by retrying soon: no hot loop."""
-    port = free_port()
+    port = reserve_port()
     refusing = ControlHub("d1", "another-flow")
     backoff_max_s = 1.0
     with control_server(refusing, listen_address=local(port)), running(probe.link(port, backoff_max_s)) as link:
@@ -459,7 +460,7 @@ def test_specs_changed_during_the_handshake_reach_the_deduper(probe: LinkProbe) 
     the specs of that moment. Here a topic appears while the Welcome is held
     back (a WAN round trip and a TLS handshake in production).
     """
-    port = free_port()
+    port = reserve_port()
     welcome = threading.Event()
     recorder = RecordingServicer(hold_welcome=welcome)
     probe.specs = [_spec("orders")]

@@ -9,6 +9,7 @@ does the same from a shell.
 from ferryman_local._cluster import JVM_OPTIONS, SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
 from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
+from ferryman_local._ports import reserve_port
 from ferryman_local._process import die_with_parent_preexec
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "cache_dir",
     "die_with_parent_preexec",
     "ensure_kafka_jars",
+    "reserve_port",
     "start_clusters",
 ]

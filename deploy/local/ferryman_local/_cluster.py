@@ -6,7 +6,6 @@ import atexit
 import base64
 import json
 import logging
-import random
 import re
 import shutil
 import signal
@@ -30,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from ferryman_local import _process
 from ferryman_local._errors import ClusterStartError, HarnessError
 from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars, require_tool
+from ferryman_local._ports import port_free, reserve_port
 
 _log = logging.getLogger("ferryman_local")
 # librdkafka's own log lines (connection refused while a broker starts, "coordinator load in
@@ -117,51 +117,6 @@ def new_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):  # Kafka's own Uuid.randomUuid() avoids these: they read as CLI flags
             return cid
-
-
-_ports_lock = threading.Lock()
-_ports_handed_out: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _port_free(port: int) -> bool:
-    """True if a listener could bind port on 127.0.0.1 now (as the broker does: with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _reserve_port() -> int:
-    """A free port on 127.0.0.1, never the same twice in this process.
-
-    Ports are drawn below the kernel's ephemeral range when it is known: there,
-    no outgoing client connection can take the port in the moment between this
-    check and the broker binding it (nor again while the broker restarts).
-    """
-    low = _ephemeral_low()
-    with _ports_lock:
-        for _ in range(200):
-            if low > 12000:
-                port = random.randint(10000, low - 1)
-            else:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = int(s.getsockname()[1])
-            if port in _ports_handed_out or not _port_free(port):
-                continue
-            _ports_handed_out.add(port)
-            return port
-    raise ClusterStartError("no free port found on 127.0.0.1")
 
 
 def broker_properties(
@@ -278,7 +233,7 @@ class LocalCluster:
         elif (wd / "data" / "meta.properties").exists():
             raise ClusterStartError(f"{wd} holds Kafka data but no {_STATE_FILE}; delete it or pick another dir")
         else:
-            state = _ClusterState(name, new_cluster_id(), _reserve_port(), _reserve_port(), KAFKA_VERSION)
+            state = _ClusterState(name, new_cluster_id(), reserve_port(), reserve_port(), KAFKA_VERSION)
         cluster = cls(state, wd, jars, extra_properties)
         if temporary:
             with _temporary_lock:
@@ -405,7 +360,7 @@ class LocalCluster:
             raise ClusterStartError(f"formatting the storage of {self.name} failed:\n{output}")
 
     def _launch(self) -> None:
-        busy = [p for p in (self._state.port, self._state.controller_port) if not _port_free(p)]
+        busy = [p for p in (self._state.port, self._state.controller_port) if not port_free(p)]
         if busy:
             # Checked up front: otherwise the readiness probes could talk to whatever holds the port.
             raise ClusterStartError(

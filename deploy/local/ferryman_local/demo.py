@@ -25,6 +25,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ferryman_local._cluster import LocalCluster, start_clusters
+from ferryman_local._ports import reserve_port
 from ferryman_local.verify import compare, read_topic
 
 _BIN = Path(sys.executable).parent
@@ -126,6 +127,7 @@ def _replicate(
     admin = AdminClient({"bootstrap.servers": src.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"retention.ms": "604800000"})])[topic].result(30)
     config = work_dir / "ferryman.yaml"
+    control = f"127.0.0.1:{reserve_port()}"
     config.write_text(
         yaml.safe_dump(
             {
@@ -137,9 +139,9 @@ def _replicate(
                 "wrapper": {
                     "instance_id": "demo-w1",
                     "listen_address": "127.0.0.1:0",
-                    "deduper_addresses": ["127.0.0.1:17460"],
+                    "deduper_addresses": [control],
                 },
-                "deduper": {"instance_id": "demo-1", "listen_address": "127.0.0.1:17460"},
+                "deduper": {"instance_id": "demo-1", "listen_address": control},
             },
             sort_keys=False,
         )
