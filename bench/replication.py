@@ -5,8 +5,8 @@
 [--latency-rate R|half-ferryman] [--json out.json] [--smoke]``
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
-``--destination-bootstrap``), preloads one source topic, warms the destination
-broker, then for each row:
+``--destination-bootstrap``), preloads one source topic, warms both brokers
+(``bench/warmup.py``), then for each row:
 
 1. throughput: the row's processes copy the preloaded topic to a fresh destination
    topic; a read_committed reader of the destination times it from the first
@@ -105,7 +105,7 @@ class BenchConfig:
     """Length of the offered load; 0 skips the latency phase."""
     timeout_s: float
     """Deadline of one row's throughput phase."""
-    warmup_records: int
+    warmup_seconds: float
     """Records written to and read from the destination before the first row; 0: none."""
     preload_procs: int | None
     """Producer processes of the preload; None: one per core."""
@@ -164,7 +164,10 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     )
     ap.add_argument("--timeout", type=float, help="deadline of one row's throughput phase, s (default: by size)")
     ap.add_argument(
-        "--warmup-records", type=int, default=200_000, help="destination broker warm-up; 0: none (%(default)s)"
+        "--warmup-seconds",
+        type=float,
+        default=30.0,
+        help="warm-up traffic through both brokers before the first row, s; 0: none (%(default)s)",
     )
     ap.add_argument("--preload-procs", type=int, help="preload producer processes (default: one per core)")
     ap.add_argument("--source-bootstrap", "--source", dest="source", help="use this source cluster")
@@ -176,7 +179,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.records, args.partitions, args.latency_seconds, args.warmup_records = 20_000, 4, 3.0, 20_000
+        args.records, args.partitions, args.latency_seconds, args.warmup_seconds = 20_000, 4, 3.0, 3.0
     args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not args.latency_rate:
@@ -221,7 +224,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         latency_rate=latency_rate,
         latency_duration_s=args.latency_seconds,
         timeout_s=args.timeout or _DEFAULT_TIMEOUT_BASE_S + args.records / _DEFAULT_TIMEOUT_RECORDS_PER_S,
-        warmup_records=args.warmup_records,
+        warmup_seconds=args.warmup_seconds,
         preload_procs=args.preload_procs,
         source=args.source,
         destination=args.destination,
@@ -244,7 +247,7 @@ def _audit_budget(records: int) -> float:
 
 
 def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[int], base: Path) -> Stage:
-    """Preload the source topic, check it, and warm the destination broker."""
+    """Preload the source topic, check it, and warm both brokers."""
     run_id = uuid.uuid4().hex[:6]
     topic = f"bench-{run_id}"
     counts = split_counts(cfg.records, cfg.partitions)
@@ -261,9 +264,12 @@ def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[in
         f"source read back complete in {check.seconds:.1f} s: the reader's ceiling is "
         f"~{t.unique / check.seconds:,.0f} rec/s (rows near it are reader-bound)"
     )
-    if cfg.warmup_records:
-        w = warm_up(destination, f"{topic}-warmup", cfg.partitions, cfg.warmup_records, cfg.value_bytes)
-        _log(f"destination warmed up: {w.records:,} records written in transactions and read in {w.seconds:.1f} s")
+    if cfg.warmup_seconds > 0:
+        w = warm_up(source, destination, f"{topic}-warmup", cfg.partitions, cfg.warmup_seconds, cfg.value_bytes)
+        _log(
+            f"brokers warmed up in {w.seconds:.1f} s: {w.offered:,} records offered, "
+            f"{w.relayed:,} relayed in transactions, {w.read:,} read back"
+        )
     return Stage(run_id, source, destination, topic, counts, broker_pids, base)
 
 
