@@ -28,6 +28,9 @@ _POLL_INTERVAL_S = 0.2
 # consume() returns early only when its batch is full, so it always blocks this long otherwise:
 # short, so that reading a small topic takes a fraction of a second.
 _CONSUME_BLOCK_S = 0.05
+#: How long a read_committed read follows a transaction still being completed at its end.
+_MARKERS_SETTLE_S = 1.0
+_MARKERS_POLL_S = 0.02
 
 
 class KafkaCluster(Protocol):
@@ -240,9 +243,12 @@ def read_all(
     """Read every partition of topic from its beginning to its current end.
 
     The end is each partition's high watermark (``read_uncommitted``) or last
-    stable offset (``read_committed``), taken when the read starts. Partitions
-    are assigned directly: no consumer group, nothing committed. A missing
-    topic reads as ``{}``.
+    stable offset (``read_committed``), taken when the read starts. A
+    read_committed read that ends below the high watermark (a transaction open,
+    or committed with its markers not yet written: ``commit_transaction()``
+    returns before they are) follows the stable offset for up to
+    ``_MARKERS_SETTLE_S`` more. Partitions are assigned directly: no consumer
+    group, nothing committed. A missing topic reads as ``{}``.
 
     With expected, the read goes on to the moving end (and waits for the topic
     to exist) until at least that many records have been read in total.
@@ -266,8 +272,14 @@ def read_all(
     try:
         while True:
             reader.read_to_end(deadline)
+            if expected is None:
+                settle = min(deadline, time.monotonic() + _MARKERS_SETTLE_S)
+                while reader.in_doubt() and time.monotonic() < settle:
+                    time.sleep(_MARKERS_POLL_S)  # the markers are written by the broker: nothing to wait on
+                    reader.read_to_end(deadline)
+                return reader.records
             total = reader.total()
-            if expected is None or total >= expected:
+            if total >= expected:
                 return reader.records
             if time.monotonic() >= deadline:
                 counts = {p: len(r) for p, r in sorted(reader.records.items())}
@@ -301,12 +313,37 @@ class _Reader:
             }
         )
         self._next: dict[int, int] = {}  # partition -> next offset to read (from EOF or records)
+        # High watermarks, for a read_committed reader to see what is not stable yet.
+        self._probe = (
+            Consumer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": f"ferryman-test-probe-{uuid.uuid4().hex[:8]}",
+                    "isolation.level": "read_uncommitted",
+                }
+            )
+            if isolation == "read_committed"
+            else None
+        )
 
     def total(self) -> int:
         return sum(len(r) for r in self.records.values())
 
     def close(self) -> None:
         self._consumer.close()
+        if self._probe is not None:
+            self._probe.close()
+
+    def in_doubt(self) -> bool:
+        """Whether a read_committed read stopped below some partition's high watermark."""
+        if self._probe is None:
+            return False
+        for p in self.records:
+            tp = TopicPartition(self.topic, p)
+            stable = self._consumer.get_watermark_offsets(tp, timeout=5)[1]
+            if stable < self._probe.get_watermark_offsets(tp, timeout=5)[1]:
+                return True
+        return False
 
     def read_to_end(self, deadline: float) -> None:
         metadata = self._consumer.list_topics(self.topic, timeout=max(1.0, deadline - time.monotonic()))
