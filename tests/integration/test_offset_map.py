@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ferryman.state import PartitionKey
 from ferryman.v1 import state_pb2
 
-from tests.helpers.kafka import create_topic, produce_sequences, read_all
+from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all
 from tests.helpers.services import ServiceProcess, flow_config, write_config
 
 pytestmark = pytest.mark.integration
@@ -56,3 +57,54 @@ def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluste
     for (p, so), do in mapped.items():
         assert dst_by_offset[(p, do)] == src_by_offset[(p, so)]
     assert any(so != do for (_, so), do in mapped.items())
+    # The committed state of each source partition names the destination offset of the record at its
+    # watermark (the state and the map are written in the same transaction).
+    states: dict[int, state_pb2.WatermarkState] = {}
+    for recs in read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.state.internal").values():
+        for rec in recs:  # in offset order: the last record of a key is its latest state
+            assert rec.key is not None and rec.value is not None
+            _cluster, key = PartitionKey.decode(rec.key)
+            states[key.partition] = state_pb2.WatermarkState.FromString(rec.value)
+    assert set(states) == {0, 1, 2}
+    for p, st in states.items():
+        assert st.watermark == max(so for (q, so) in src_by_offset if q == p)
+        assert st.destination_offset == mapped[(p, st.watermark)], f"partition {p}: {st}"
+
+
+def test_without_offset_map_the_copy_is_exact_and_states_name_no_destination_offset(
+    source_cluster, destination_cluster, unique_name, tmp_path: Path
+):
+    topic = unique_name("nomap")
+    create_topic(source_cluster.bootstrap_servers, topic, 2)
+    produce_sequences(source_cluster.bootstrap_servers, topic, 2, 500)
+    flow = unique_name("flow")
+    cfg = write_config(
+        tmp_path / "f.yaml",
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=flow,
+            topics=[topic],
+            extra_flow={"emit_offset_mappings": False},
+        ),
+    )
+    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
+    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=1000, timeout_s=90)
+    finally:
+        wrapper.stop()
+        deduper.stop()
+    assert_exact_copy(src, dst)
+    maps = read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.offset-map.internal")
+    assert sum(len(r) for r in maps.values()) == 0
+    states = [
+        state_pb2.WatermarkState.FromString(rec.value)
+        for recs in read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.state.internal").values()
+        for rec in recs
+        if rec.value is not None
+    ]
+    assert states, "no state written"
+    assert {st.destination_offset for st in states} == {-1}
+    assert {st.watermark for st in states} >= {499}

@@ -665,6 +665,8 @@ class Deduper:
             columns = [c[start:] for c in columns]
         rows = zip(*columns, strict=True)
         if not self._flow.emit_offset_mappings:
+            # No delivery reports are asked for: the destination offset at the watermark is unknown.
+            self._last_dest_offset.pop(key, None)
             self._produce_rows(dest, partition, rows, headers is not None)
         else:
             # Only the first and last record of a run carry a delivery callback:
@@ -755,8 +757,9 @@ class Deduper:
                     raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
             if self._delivery_error is not None:
                 raise KafkaException(self._delivery_error)
-            self._produce_state()
+            # Mappings first: they learn the destination offset each state record names.
             self._produce_mappings()
+            self._produce_state()
             offsets = [TopicPartition(self._names.staging_topic, sp, nxt) for sp, nxt in self._next_offsets.items()]
             if self._eos:
                 group = self._consumer.consumer_group_metadata()
@@ -816,6 +819,9 @@ class Deduper:
         n = self._flow.staging_partitions
         for slc in self._slices:
             count = len(slc.source_offsets)
+            if slc.last_destination_offset >= 0:
+                # Slices of a key come in order: the last one ends at the key's new watermark.
+                self._last_dest_offset[slc.key] = slc.last_destination_offset
             if (
                 slc.first_destination_offset < 0
                 or slc.last_destination_offset - slc.first_destination_offset != count - 1
@@ -830,7 +836,6 @@ class Deduper:
                     slc.destination_topic,
                 )
                 continue
-            self._last_dest_offset[slc.key] = slc.last_destination_offset
             mapping = state_pb2.OffsetMapping(
                 source=slc.source,
                 destination_topic=slc.destination_topic,
