@@ -132,6 +132,32 @@ def test_resend_requests_go_to_exactly_one_connected_wrapper() -> None:
     assert hub.request_resend(source, 21, 30) is None
 
 
+def test_a_resend_goes_to_the_partitions_reader_first_and_a_repeat_to_the_next_wrapper() -> None:
+    hub = ControlHub("d", "flow")
+    source = envelope_pb2.SourcePartition(cluster_id="c", topic="orders", topic_id=b"\x01" * 16, partition=3)
+    sessions = {w: hub.open(w) for w in ("w1", "w2", "w3")}
+    # w2 reads orders-3 now (it reports progress for it).
+    hub.on_progress(
+        control_pb2.Progress(
+            partitions=[control_pb2.PartitionProgress(topic="orders", partition=3, log_end_offset=50)]
+        ),
+        "w2",
+    )
+
+    def asked() -> list[str]:
+        return [w for w, s in sessions.items() for m in _drain(s) if m.HasField("resend_request")]
+
+    hub.request_resend(source, 10, 20)
+    assert asked() == ["w2"]
+    # The same gap asked again (w2 did not answer in time): the next wrappers, in turn, then w2 again.
+    for expected in ("w1", "w3", "w2"):
+        hub.request_resend(source, 10, 20)
+        assert asked() == [expected]
+    # A new gap starts with the reader again.
+    hub.request_resend(source, 30, 40)
+    assert asked() == ["w2"]
+
+
 def test_a_reconnecting_wrapper_replaces_its_old_session() -> None:
     hub = ControlHub("d", "flow")
     old = hub.open("w1")

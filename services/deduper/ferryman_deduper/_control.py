@@ -44,6 +44,10 @@ class ResentEnvelopes:
     error: str
 
 
+#: Gaps whose resend requests are counted (for rotating repeated requests).
+_MAX_GAPS_REMEMBERED = 10_000
+
+
 class ControlHub:
     """Thread-safe state shared by the control servicer and the deduper loop."""
 
@@ -56,6 +60,10 @@ class ControlHub:
         self.specs: queue.Queue[state_pb2.TopicSpec] = queue.Queue()
         self.resent: queue.Queue[ResentEnvelopes] = queue.Queue()
         self._log_end: dict[PartitionKey, int] = {}
+        #: Which wrapper last reported progress for a partition: it reads that partition now.
+        self._owner: dict[PartitionKey, str] = {}
+        #: Requests made so far per gap start: a repeated request goes to the next wrapper.
+        self._asked: dict[tuple[PartitionKey, int], int] = {}
         self._paused: tuple[bool, str] = (False, "")
 
     # ---------------------------------------------------------- sessions
@@ -103,13 +111,31 @@ class ControlHub:
         return True
 
     def request_resend(self, source: envelope_pb2.SourcePartition, from_offset: int, to_offset: int) -> int | None:
-        """Ask one connected wrapper for source records again; None if none is connected."""
+        """Ask one connected wrapper for source records again; None if none is connected.
+
+        The first request for a gap goes to the wrapper that reads the partition
+        now (the last to report progress for it), if connected; each repeated
+        request for the same gap goes to the next connected wrapper, so a
+        wrapper that cannot answer does not hold a gap open for ever. Any
+        wrapper of the flow can serve a resend: it reads the range with a
+        consumer of its own, outside the group.
+        """
+        key = PartitionKey(source.topic, source.partition)
         with self._lock:
-            sessions = list(self._sessions.values())
-        if not sessions:
-            return None
+            owner = self._owner.get(key)
+            ids = sorted(self._sessions)
+            if not ids:
+                return None
+            if owner in ids:
+                ids.remove(owner)
+                ids.insert(0, owner)
+            if len(self._asked) >= _MAX_GAPS_REMEMBERED:
+                self._asked.clear()  # gaps are rare; forgetting only restarts the rotation
+            attempt = self._asked.get((key, from_offset), 0)
+            self._asked[(key, from_offset)] = attempt + 1
+            session = self._sessions[ids[attempt % len(ids)]]
         request_id = next(self._request_ids)
-        sessions[0].outbound.put(
+        session.outbound.put(
             control_pb2.ConnectResponse(
                 resend_request=control_pb2.ResendRequest(
                     request_id=request_id, source=source, from_offset=from_offset, to_offset=to_offset
@@ -119,11 +145,14 @@ class ControlHub:
         return request_id
 
     # ---------------------------------------------------------- inbound
-    def on_progress(self, progress: control_pb2.Progress) -> None:
-        """Record source log-end offsets reported by a wrapper."""
+    def on_progress(self, progress: control_pb2.Progress, wrapper_id: str = "") -> None:
+        """Record source log-end offsets reported by a wrapper (and that it reads those partitions)."""
         with self._lock:
             for p in progress.partitions:
-                self._log_end[PartitionKey(p.topic, p.partition)] = p.log_end_offset
+                key = PartitionKey(p.topic, p.partition)
+                self._log_end[key] = p.log_end_offset
+                if wrapper_id:
+                    self._owner[key] = wrapper_id
 
     def log_end_offset(self, key: PartitionKey) -> int | None:
         """Last reported source log-end offset of key."""
@@ -182,7 +211,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     for spec in req.topic_specs.specs:
                         self._hub.specs.put(spec)
                 elif kind == "progress":
-                    self._hub.on_progress(req.progress)
+                    self._hub.on_progress(req.progress, session.wrapper_id)
                 elif kind == "resend_data":
                     d = req.resend_data
                     self._hub.resent.put(ResentEnvelopes(d.request_id, list(d.envelopes), d.done, d.error))
