@@ -102,7 +102,7 @@ def _relay(source: str, destination: str, src_topic: str, dst_topic: str, group:
 
 
 def _read(destination: str, topic: str, stop: threading.Event) -> int:
-    """Read topic read_committed (assigned, no group) until stop is set; return records read."""
+    """Read topic read_committed in a consumer group (its join warms the group coordinator) until stop is set."""
     consumer = Consumer(
         {
             "bootstrap.servers": destination,
