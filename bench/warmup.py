@@ -9,11 +9,12 @@ did not close the gap.
 
 So the warm-up runs, for a fixed time, every path the rows use, with none of their
 code: a paced idempotent load into a source topic (its own process, as in the
-latency phase), a consume→produce relay that reads it ``read_committed`` in a
-consumer group and writes the destination in transactions committed every
-100 ms together with its source offsets (``send_offsets_to_transaction``), and a
-``read_committed`` reader of the destination. Its records are never measured; it
-fails only if nothing at all made it across.
+latency phase), a consume→produce relay that reads it ``read_committed`` and
+writes the destination in transactions committed every 100 ms together with its
+source offsets for a consumer group (``send_offsets_to_transaction``), and a
+``read_committed`` reader of the destination that is a member of a consumer
+group. Its records are never measured; it fails only if nothing at all made it
+across.
 """
 
 from __future__ import annotations
