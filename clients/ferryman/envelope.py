@@ -139,12 +139,12 @@ def _null_split(column: Sequence[bytes | None]) -> tuple[Sequence[bytes | None],
     """A keys/values column as written: (entries, null indexes), or ([], None) when all are null."""
     if all(column):  # the common case, checked in C: no null and no empty entry
         return column, None
-    nulls = [i for i, b in enumerate(column) if b is None]
-    if not nulls:
+    null_count = column.count(None)  # in C too: topics without keys are common
+    if not null_count:
         return column, None
-    if len(nulls) == len(column):
+    if null_count == len(column):
         return [], None
-    return [b"" if b is None else b for b in column], nulls
+    return [b"" if b is None else b for b in column], [i for i, b in enumerate(column) if b is None]
 
 
 def batch_of(run: RecordRun) -> envelope_pb2.RecordBatch:

@@ -147,14 +147,14 @@ def test_a_resend_goes_to_the_partitions_reader_first_and_a_repeat_to_the_next_w
     def asked() -> list[str]:
         return [w for w, s in sessions.items() for m in _drain(s) if m.HasField("resend_request")]
 
-    hub.request_resend(source, 10, 20)
+    hub.request_resend(source, 10, 20, attempt=0)
     assert asked() == ["w2"]
     # The same gap asked again (w2 did not answer in time): the next wrappers, in turn, then w2 again.
-    for expected in ("w1", "w3", "w2"):
-        hub.request_resend(source, 10, 20)
+    for attempt, expected in enumerate(("w1", "w3", "w2"), start=1):
+        hub.request_resend(source, 10, 20, attempt=attempt)
         assert asked() == [expected]
     # A new gap starts with the reader again.
-    hub.request_resend(source, 30, 40)
+    hub.request_resend(source, 30, 40, attempt=0)
     assert asked() == ["w2"]
 
 

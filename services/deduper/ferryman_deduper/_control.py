@@ -44,10 +44,6 @@ class ResentEnvelopes:
     error: str
 
 
-#: Gaps whose resend requests are counted (for rotating repeated requests).
-_MAX_GAPS_REMEMBERED = 10_000
-
-
 class ControlHub:
     """Thread-safe state shared by the control servicer and the deduper loop."""
 
@@ -62,8 +58,6 @@ class ControlHub:
         self._log_end: dict[PartitionKey, int] = {}
         #: Which wrapper last reported progress for a partition: it reads that partition now.
         self._owner: dict[PartitionKey, str] = {}
-        #: Requests made so far per gap start: a repeated request goes to the next wrapper.
-        self._asked: dict[tuple[PartitionKey, int], int] = {}
         self._paused: tuple[bool, str] = (False, "")
 
     # ---------------------------------------------------------- sessions
@@ -110,12 +104,14 @@ class ControlHub:
         _log.warning("backpressure: %s wrappers (%s)", "pausing" if paused else "resuming", reason)
         return True
 
-    def request_resend(self, source: envelope_pb2.SourcePartition, from_offset: int, to_offset: int) -> int | None:
+    def request_resend(
+        self, source: envelope_pb2.SourcePartition, from_offset: int, to_offset: int, attempt: int = 0
+    ) -> int | None:
         """Ask one connected wrapper for source records again; None if none is connected.
 
-        The first request for a gap goes to the wrapper that reads the partition
-        now (the last to report progress for it), if connected; each repeated
-        request for the same gap goes to the next connected wrapper, so a
+        The first request for a gap (attempt 0) goes to the wrapper that reads
+        the partition now (the last to report progress for it), if connected;
+        each repeated request for the same gap goes to the next connected wrapper, so a
         wrapper that cannot answer does not hold a gap open for ever. Any
         wrapper of the flow can serve a resend: it reads the range with a
         consumer of its own, outside the group.
@@ -129,10 +125,6 @@ class ControlHub:
             if owner in ids:
                 ids.remove(owner)
                 ids.insert(0, owner)
-            if len(self._asked) >= _MAX_GAPS_REMEMBERED:
-                self._asked.clear()  # gaps are rare; forgetting only restarts the rotation
-            attempt = self._asked.get((key, from_offset), 0)
-            self._asked[(key, from_offset)] = attempt + 1
             session = self._sessions[ids[attempt % len(ids)]]
         request_id = next(self._request_ids)
         session.outbound.put(

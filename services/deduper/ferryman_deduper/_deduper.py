@@ -433,7 +433,7 @@ class Deduper:
             for env_msg in answer.envelopes:
                 self._process_resent(env_msg)
         for _key, gap in self._gaps.due(now, self._dc.resend_retry_s):
-            request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to)
+            request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to, gap.attempts)
             if request_id is not None:
                 gap.mark_requested(now)
                 _log.warning(
@@ -665,8 +665,6 @@ class Deduper:
             columns = [c[start:] for c in columns]
         rows = zip(*columns, strict=True)
         if not self._flow.emit_offset_mappings:
-            # No delivery reports are asked for: the destination offset at the watermark is unknown.
-            self._last_dest_offset.pop(key, None)
             self._produce_rows(dest, partition, rows, headers is not None)
         else:
             # Only the first and last record of a run carry a delivery callback:
@@ -803,7 +801,8 @@ class Deduper:
                 watermark=st.watermark,
                 topic_id=st.topic_id,
                 retired_topic_ids=sorted(st.retired_topic_ids),
-                destination_offset=self._last_dest_offset.get(key, -1),
+                # Known only from the offset map's delivery reports; without it, unknown.
+                destination_offset=self._last_dest_offset.get(key, -1) if self._flow.emit_offset_mappings else -1,
                 destination_topic=self._dest_topics.get(key, ""),
                 updated_at_ms=now_ms,
                 deduper_id=self.instance_id,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ferryman.state import PartitionKey
@@ -31,6 +30,8 @@ class Gap:
     """Last offset of the newest resend request for this gap, -1 if never asked."""
     requested_at: float | None = None
     """Monotonic time of the newest resend request; None: due now."""
+    attempts: int = 0
+    """Resend requests made since missing_from last moved (each repeat goes to another wrapper)."""
     first_missing: int = field(init=False)
     """missing_from when the gap opened (missing_from moves up as the gap is filled)."""
 
@@ -41,6 +42,7 @@ class Gap:
         """A resend request for missing_from..missing_to went out at now."""
         self.requested_at = now
         self.requested_to = self.missing_to
+        self.attempts += 1
 
 
 class Filled(enum.Enum):
@@ -64,9 +66,6 @@ class GapTracker:
 
     def __len__(self) -> int:
         return len(self._gaps)
-
-    def __iter__(self) -> Iterator[tuple[PartitionKey, Gap]]:
-        return iter(list(self._gaps.items()))
 
     def get(self, key: PartitionKey) -> Gap | None:
         """The open gap of key, if any."""
@@ -102,7 +101,9 @@ class GapTracker:
         if watermark >= gap.missing_to:
             del self._gaps[key]
             return Filled.CLOSED, before
-        gap.missing_from = max(gap.missing_from, watermark + 1)
+        if watermark + 1 > gap.missing_from:
+            gap.missing_from = watermark + 1
+            gap.attempts = 0
         if watermark < gap.requested_to:
             return Filled.SHRUNK, before
         gap.requested_at = None

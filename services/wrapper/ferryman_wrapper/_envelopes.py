@@ -81,7 +81,6 @@ def build_envelopes(
     wrapper_epoch: int,
     max_records: int,
     max_bytes: int,
-    trace_context: dict[str, str] | None = None,
 ) -> Iterator[BuiltEnvelope]:
     """Pack consecutive messages of one source partition into envelopes.
 
@@ -117,9 +116,7 @@ def build_envelopes(
             headers=[(i - lo, h) for i in range(lo, hi) if (h := header_column[i])] if has_headers else (),
         )
         last = offsets[hi - 1]
-        value = envelope.encode(
-            source, prev, run, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch, trace_context=trace_context
-        )
+        value = envelope.encode(source, prev, run, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch)
         yield BuiltEnvelope(value, last, hi - lo)
         prev = last
 
