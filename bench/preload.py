@@ -29,11 +29,6 @@ class PreloadResult:
     seconds: float
     processes: int
 
-    @property
-    def records_per_s(self) -> float:
-        """Write rate of the preload."""
-        return self.records / self.seconds if self.seconds > 0 else float("nan")
-
 
 def _write_partitions(
     bootstrap: str, topic: str, jobs: list[tuple[int, int]], value_bytes: int, budget_s: float

@@ -13,10 +13,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 
 from bench.records import decode
 
@@ -33,24 +34,35 @@ _METADATA_TIMEOUT_S = 5.0
 _MISSING_EXAMPLES = 10
 
 
-def _consumer(bootstrap: str, *, eof: bool) -> Consumer:
+def _consumer(bootstrap: str, *, eof: bool, isolation: str = "read_committed") -> Consumer:
     return Consumer(
         {
+            # The services' streaming settings (fetch.queue.backoff.ms: a fast reader would
+            # otherwise idle for 1 s whenever 100 k records are prefetched).
+            **STREAMING_CONSUMER_DEFAULTS,
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",  # assign() only; never committed
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.partition.eof": eof,
             # The broker answers a fetch as soon as there is data, or after 10 ms: visibility
             # is stamped within ~10 ms of the records becoming readable (default 500 ms).
             "fetch.wait.max.ms": 10,
-            # librdkafka stops fetching a partition for fetch.queue.backoff.ms (default 1 s) once
-            # queued.min.messages (100 k) are prefetched; a fast reader then idles for the rest of
-            # that second (measured: 300 k records read in 1.7 s instead of 0.7 s).
-            "fetch.queue.backoff.ms": 5,
         }
     )
+
+
+def _high_watermarks(bootstrap: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Each partition's high watermark. A read_committed consumer would answer with the
+    last stable offset instead, which lags while commit markers are still being written."""
+    probe = _consumer(bootstrap, eof=False, isolation="read_uncommitted")
+    try:
+        return {
+            p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S)[1] for p in partitions
+        }
+    finally:
+        probe.close()
 
 
 @dataclass
@@ -262,9 +274,7 @@ def audit(bootstrap: str, topic: str, counts: Sequence[int], budget_s: float) ->
         # markers, so right after a commit a partition's read_committed end (its last
         # stable offset) can still lag its records: an end-of-partition only counts
         # once it is at or past the high watermark seen when the read began.
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S)[1] for p in pending
-        }
+        ends = _high_watermarks(bootstrap, topic, pending)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
         while pending and time.monotonic() < deadline:
             msgs = consumer.consume(_CONSUME_BATCH, _CONSUME_TIMEOUT_S)

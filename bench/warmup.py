@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 
 from bench.errors import BenchError
 from bench.latency import offer
@@ -41,8 +42,8 @@ _BATCH = 5_000
 _POLL_S = 0.02
 #: Budget of one transactional call (init, send offsets, commit).
 _CALL_BUDGET_S = 30.0
-#: After the load ends, the relay and the reader go on this long.
-_TAIL_S = 1.0
+#: After the load ends, the relay and the reader get this long to copy and read the rest.
+_DRAIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,12 @@ def _relay(source: str, destination: str, src_topic: str, dst_topic: str, group:
     """Copy src_topic to dst_topic exactly once until stop is set; return records copied."""
     consumer = Consumer(
         {
+            **STREAMING_CONSUMER_DEFAULTS,
             "bootstrap.servers": source,
             "group.id": group,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 20,
-            "fetch.queue.backoff.ms": 5,
         }
     )
     producer = Producer({"bootstrap.servers": destination, "transactional.id": f"{group}-relay", "linger.ms": 5})
@@ -102,17 +102,19 @@ def _relay(source: str, destination: str, src_topic: str, dst_topic: str, group:
     return copied
 
 
-def _read(destination: str, topic: str, stop: threading.Event) -> int:
-    """Read topic read_committed in a consumer group (its join warms the group coordinator) until stop is set."""
+def _read(destination: str, topic: str, target: int, caught_up: threading.Event, stop: threading.Event) -> int:
+    """Read topic read_committed in a consumer group (its join warms the group coordinator) until stop is set.
+
+    Sets caught_up once target records were read.
+    """
     consumer = Consumer(
         {
+            **STREAMING_CONSUMER_DEFAULTS,
             "bootstrap.servers": destination,
             "group.id": f"{topic}-reader",
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 20,
-            "fetch.queue.backoff.ms": 5,
         }
     )
     read = 0
@@ -120,6 +122,8 @@ def _read(destination: str, topic: str, stop: threading.Event) -> int:
         consumer.subscribe([topic])
         while not stop.is_set():
             read += sum(1 for m in consumer.consume(_BATCH, _POLL_S) if m.error() is None)
+            if read >= target:
+                caught_up.set()
     finally:
         consumer.close()
     return read
@@ -138,15 +142,15 @@ def warm_up(
     create_topics(source, [topic], partitions)
     create_topics(destination, [topic], partitions)
     group = f"{topic}-relay"
-    stop_relay, stop_reader = threading.Event(), threading.Event()
+    stop_relay, stop_reader, caught_up = threading.Event(), threading.Event(), threading.Event()
     offered = int(_RATE * seconds)
     with ThreadPoolExecutor(2, thread_name_prefix="warmup") as threads:
         relay = threads.submit(_relay, source, destination, topic, topic, group, stop_relay)
-        reader = threads.submit(_read, destination, topic, stop_reader)
+        reader = threads.submit(_read, destination, topic, offered, caught_up, stop_reader)
         try:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 pool.submit(offer, source, topic, partitions, offered, _RATE, value_bytes).result()
-            time.sleep(_TAIL_S)  # the last transactions commit and are read
+            caught_up.wait(_DRAIN_S)  # the last transactions commit and are read
         finally:
             stop_relay.set()
             relayed = relay.result(_CALL_BUDGET_S * 2)

@@ -184,14 +184,21 @@ class ControlStream:
 
 @contextmanager
 def control_server(
-    hub: ControlHub, *, listen_address: str = "127.0.0.1:0", rpc: RpcConfig | None = None
+    hub: ControlHub | control_pb2_grpc.ControlServiceServicer,
+    *,
+    listen_address: str = "127.0.0.1:0",
+    rpc: RpcConfig | None = None,
 ) -> Iterator[RpcServer]:
-    """A started in-process server hosting the deduper's real `ControlServicer` over hub; stopped at once on exit."""
+    """A started in-process ControlService server, stopped at once on exit.
+
+    It hosts the deduper's real `ControlServicer` over a hub, or the servicer given.
+    """
     settings = rpc or RpcConfig()
+    servicer = ControlServicer(hub) if isinstance(hub, ControlHub) else hub
     server = build_server(
         listen_address=listen_address,
         rpc=settings,
-        register=[lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(hub), s)],
+        register=[lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)],
         service_names=[CONTROL_SERVICE],
         interceptors=default_server_interceptors(settings),
     )

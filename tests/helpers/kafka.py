@@ -313,18 +313,9 @@ class _Reader:
             }
         )
         self._next: dict[int, int] = {}  # partition -> next offset to read (from EOF or records)
-        # High watermarks, for a read_committed reader to see what is not stable yet.
-        self._probe = (
-            Consumer(
-                {
-                    "bootstrap.servers": bootstrap,
-                    "group.id": f"ferryman-test-probe-{uuid.uuid4().hex[:8]}",
-                    "isolation.level": "read_uncommitted",
-                }
-            )
-            if isolation == "read_committed"
-            else None
-        )
+        self._bootstrap, self._isolation = bootstrap, isolation
+        # High watermarks, for a read_committed reader to see what is not stable yet (made when first needed).
+        self._probe: Consumer | None = None
 
     def total(self) -> int:
         return sum(len(r) for r in self.records.values())
@@ -336,8 +327,16 @@ class _Reader:
 
     def in_doubt(self) -> bool:
         """Whether a read_committed read stopped below some partition's high watermark."""
-        if self._probe is None:
+        if self._isolation != "read_committed":
             return False
+        if self._probe is None:
+            self._probe = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": f"ferryman-test-probe-{uuid.uuid4().hex[:8]}",
+                    "isolation.level": "read_uncommitted",
+                }
+            )
         for p in self.records:
             tp = TopicPartition(self.topic, p)
             stable = self._consumer.get_watermark_offsets(tp, timeout=5)[1]

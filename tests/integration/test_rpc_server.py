@@ -23,16 +23,18 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 
+from tests.helpers.grpc_clients import (
+    CALL_TIMEOUT_S,
+    CONTROL_SERVICE,
+    DEDUPER_SERVICE,
+    HEALTH_SERVICE,
+    NOT_SERVING,
+    SERVING,
+)
+
 pytestmark = pytest.mark.integration
 
-DEDUPER_SERVICE = control_pb2.DESCRIPTOR.services_by_name["DeduperService"].full_name
-CONTROL_SERVICE = control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name
 SERVICE_NAMES = (DEDUPER_SERVICE, CONTROL_SERVICE)
-HEALTH_SERVICE = "grpc.health.v1.Health"
-
-#: Budget of one call in these tests: loopback answers in milliseconds, so
-#: hitting it means a hang, not slowness.
-CALL_TIMEOUT_S = 5.0
 
 
 class TestServicer(control_pb2_grpc.DeduperServiceServicer, control_pb2_grpc.ControlServiceServicer):
@@ -179,10 +181,6 @@ def health_of(channel: grpc.Channel, service: str) -> int:
 
 def _address(server: RpcServer) -> str:
     return f"127.0.0.1:{server.port}"
-
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _statuses(channel: grpc.Channel) -> dict[str, int]:

@@ -19,14 +19,13 @@ import grpc
 import pytest
 from ferryman import protocol
 from ferryman.config import RpcConfig
-from ferryman.rpc import RpcServer, build_server, default_server_interceptors
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub
 from ferryman_local import reserve_port
 from ferryman_wrapper._control import ControlLink
 
-from tests.helpers.grpc_clients import CONTROL_SERVICE, control_server, local
+from tests.helpers.grpc_clients import control_server, local
 from tests.helpers.kafka import wait_until
 
 #: Longest reconnect backoff of the links under test: short, so that a test
@@ -232,22 +231,6 @@ class RecordingServicer(control_pb2_grpc.ControlServiceServicer):
         return [str(r.WhichOneof("kind")) for r in list(self.streams[stream])]
 
 
-@contextmanager
-def recording_server(port: int, servicer: RecordingServicer) -> Iterator[RpcServer]:
-    server = build_server(
-        listen_address=local(port),
-        rpc=RpcConfig(),
-        register=[lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)],
-        service_names=[CONTROL_SERVICE],
-        interceptors=default_server_interceptors(RpcConfig()),
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(0)
-
-
 @dataclass
 class LinkProbe:
     """What a ControlLink told its owner, the way the wrapper would have heard it."""
@@ -324,7 +307,7 @@ def test_link_retries_with_capped_backoff_then_says_hello_first_and_sends_curren
         assert elapsed >= 0.8 * (0.2 + 2 * BACKOFF_MAX_S) - 0.05, f"three retries in {elapsed:.2f}s"
         assert not link.connected
 
-        with recording_server(port, recorder):
+        with control_server(recorder, listen_address=local(port)):
             # Capped backoff: the server is found within one maximal backoff (plus jitter and slack).
             wait_until(lambda: link.connected, BACKOFF_MAX_S * 1.2 + 2.0, message="link up after the server started")
             wait_until(lambda: len(recorder.kinds(-1)) >= 2, LINK_TIMEOUT_S, message="hello and specs received")
@@ -337,7 +320,7 @@ def test_link_retries_with_capped_backoff_then_says_hello_first_and_sends_curren
             probe.specs = [_spec("orders"), _spec("payments", 8)]
         wait_until(lambda: not link.connected, LINK_TIMEOUT_S, message="link loss noticed")
 
-        with recording_server(port, recorder):
+        with control_server(recorder, listen_address=local(port)):
             wait_until(lambda: link.connected, BACKOFF_MAX_S * 1.2 + 2.0, message="link up after the restart")
             wait_until(lambda: len(recorder.kinds(-1)) >= 2, LINK_TIMEOUT_S, message="hello and specs received again")
             assert len(recorder.streams) > streams_before_restart
@@ -354,7 +337,7 @@ def test_link_retries_with_capped_backoff_then_says_hello_first_and_sends_curren
 def test_link_sends_no_specs_message_when_there_are_none(probe: LinkProbe) -> None:
     port = reserve_port()
     recorder = RecordingServicer()
-    with recording_server(port, recorder), running(probe.link(port)) as link:
+    with control_server(recorder, listen_address=local(port)), running(probe.link(port)) as link:
         wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up")
         assert link.send(_progress(1))
         wait_until(lambda: _markers(recorder.streams[-1]) == [1], LINK_TIMEOUT_S, message="progress received")
@@ -396,13 +379,13 @@ def test_sends_are_dropped_while_disconnected_and_never_delivered_late(probe: Li
     assert not link.send(_progress(1))  # not started: dropped
     with running(link):
         assert not link.send(_progress(2))  # no server: dropped
-        with recording_server(port, recorder):
+        with control_server(recorder, listen_address=local(port)):
             wait_until(lambda: link.connected, LINK_TIMEOUT_S * 2, message="link up")
             assert link.send(_progress(3))
             wait_until(lambda: 3 in _markers(recorder.streams[-1]), LINK_TIMEOUT_S, message="progress 3 received")
         wait_until(lambda: not link.connected, LINK_TIMEOUT_S, message="link loss noticed")
         assert not link.send(_progress(4))  # down: dropped, not queued for the next stream
-        with recording_server(port, recorder):
+        with control_server(recorder, listen_address=local(port)):
             wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link back")
             assert link.send(_progress(5))
             wait_until(lambda: 5 in _markers(recorder.streams[-1]), LINK_TIMEOUT_S, message="progress 5 received")
@@ -490,7 +473,7 @@ def test_specs_changed_during_the_handshake_reach_the_deduper(probe: LinkProbe) 
     welcome = threading.Event()
     recorder = RecordingServicer(hold_welcome=welcome)
     probe.specs = [_spec("orders")]
-    with recording_server(port, recorder), running(probe.link(port)) as link:
+    with control_server(recorder, listen_address=local(port)), running(probe.link(port)) as link:
         wait_until(
             lambda: recorder.streams and recorder.kinds(-1)[:1] == ["hello"], LINK_TIMEOUT_S, message="hello received"
         )

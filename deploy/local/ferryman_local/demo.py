@@ -24,8 +24,8 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from ferryman_local import reserve_port
 from ferryman_local._cluster import LocalCluster, start_clusters
-from ferryman_local._ports import reserve_port
 from ferryman_local.verify import compare, read_topic
 
 _BIN = Path(sys.executable).parent

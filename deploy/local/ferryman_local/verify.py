@@ -1,6 +1,6 @@
 """Read topics back in full and compare them record for record.
 
-Used by the demo and the benchmark (and mirrored by the tests' helpers): a
+Used by the demo (and mirrored by the tests' helpers): a
 replica is exact when, per partition, it holds the same records in the same
 order (key, value, headers, timestamp), none missing, none duplicated.
 """
