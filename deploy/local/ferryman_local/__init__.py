@@ -10,7 +10,7 @@ from ferryman_local._cluster import JVM_OPTIONS, SINGLE_NODE_PROPERTIES, LocalCl
 from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
 from ferryman_local._ports import reserve_port
-from ferryman_local._process import die_with_parent_preexec
+from ferryman_local._process import forget, signal_group, spawn
 
 __all__ = [
     "JVM_OPTIONS",
@@ -22,8 +22,10 @@ __all__ = [
     "LocalCluster",
     "ToolMissingError",
     "cache_dir",
-    "die_with_parent_preexec",
     "ensure_kafka_jars",
+    "forget",
     "reserve_port",
+    "signal_group",
+    "spawn",
     "start_clusters",
 ]

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO
@@ -51,7 +51,7 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
     return preexec
 
 
-_Request = tuple[list[str], Path, IO[bytes], "Future[subprocess.Popen[bytes]]"]
+_Request = tuple[list[str], Path, IO[bytes], "dict[str, str] | None", "Future[subprocess.Popen[bytes]]"]
 
 
 class _Launcher:
@@ -63,18 +63,20 @@ class _Launcher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def launch(self, cmd: Sequence[str], cwd: Path, output: IO[bytes]) -> subprocess.Popen[bytes]:
+    def launch(
+        self, cmd: Sequence[str], cwd: Path, output: IO[bytes], env: dict[str, str] | None
+    ) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="ferryman-local-launcher", daemon=True)
                 self._thread.start()
         done: Future[subprocess.Popen[bytes]] = Future()
-        self._requests.put((list(cmd), cwd, output, done))
+        self._requests.put((list(cmd), cwd, output, env, done))
         return done.result()
 
     def _serve(self) -> None:
         while True:
-            cmd, cwd, output, done = self._requests.get()
+            cmd, cwd, output, env, done = self._requests.get()
             try:
                 proc = subprocess.Popen(
                     cmd,
@@ -82,6 +84,7 @@ class _Launcher:
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
+                    env=env,
                     start_new_session=True,
                     preexec_fn=self._preexec,  # noqa: PLW1509 -- only prctl(2), see the module docstring
                 )
@@ -98,18 +101,21 @@ _children: set[subprocess.Popen[bytes]] = set()
 _children_lock = threading.Lock()
 
 
-def spawn(cmd: Sequence[str], *, cwd: Path, output: IO[bytes]) -> subprocess.Popen[bytes]:
+def spawn(
+    cmd: Sequence[str], *, cwd: Path, output: IO[bytes], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start a long-running child in its own process group, tied to this process's life.
 
     Args:
         cmd: program and arguments.
         cwd: working directory of the child.
         output: file receiving the child's stdout and stderr.
+        env: variables added to this process's environment for the child.
 
     Returns:
-        The child; end it with ``signal_group`` and reap it with ``wait``.
+        The child; end it with ``signal_group``, reap it with ``wait``, then ``forget`` it.
     """
-    return _launcher.launch(cmd, cwd, output)
+    return _launcher.launch(cmd, cwd, output, {**os.environ, **env} if env else None)
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
