@@ -50,6 +50,32 @@ _STALE_GENERATION_CODES = frozenset(
     }
 )
 
+#: Broker errors that clear by themselves (Kafka's RetriableException family:
+#: leadership moving or not yet elected, a topic just created, a coordinator
+#: loading). librdkafka flags them retriable on its own requests, but errors
+#: returned by a plain call (get_watermark_offsets, list_offsets, ...) carry the
+#: code only.
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
+
 
 class ErrorClass(enum.Enum):
     """What a caller must do about a Kafka error."""
@@ -86,7 +112,7 @@ def classify(error: KafkaError | BaseException) -> ErrorClass:
         return ErrorClass.FATAL
     if err.txn_requires_abort() or err.code() in _STALE_GENERATION_CODES:
         return ErrorClass.ABORTABLE
-    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
+    if err.retriable() or err.code() in _TRANSIENT_CODES:
         return ErrorClass.RETRIABLE
     return ErrorClass.FATAL
 

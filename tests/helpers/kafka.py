@@ -18,6 +18,7 @@ from typing import Literal, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from ferryman.kafka_errors import retry_retriable
 
 T = TypeVar("T")
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -338,11 +339,21 @@ class _Reader:
                 }
             )
         for p in self.records:
-            tp = TopicPartition(self.topic, p)
-            stable = self._consumer.get_watermark_offsets(tp, timeout=5)[1]
-            if stable < self._probe.get_watermark_offsets(tp, timeout=5)[1]:
+            stable = self._end(self._consumer, p, 5.0)
+            if stable < self._end(self._probe, p, 5.0):
                 return True
         return False
+
+    def _end(self, consumer: Consumer, partition: int, budget_s: float) -> int:
+        """The partition's end as consumer sees it (high watermark or stable offset).
+
+        A topic created a moment ago may have no leader yet: retriable errors are retried within budget_s.
+        """
+        return retry_retriable(
+            lambda: consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=budget_s)[1],
+            what=f"reading the end of {self.topic} [{partition}]",
+            budget_s=budget_s,
+        )
 
     def read_to_end(self, deadline: float) -> None:
         metadata = self._consumer.list_topics(self.topic, timeout=max(1.0, deadline - time.monotonic()))
@@ -355,12 +366,7 @@ class _Reader:
             self._next[p] = 0
         if new:
             self._consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
-        ends = {
-            p: self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=max(1.0, deadline - time.monotonic())
-            )[1]
-            for p in self.records
-        }
+        ends = {p: self._end(self._consumer, p, max(1.0, deadline - time.monotonic())) for p in self.records}
         pending = {p for p, end in ends.items() if self._next[p] < end}
         while pending:
             if time.monotonic() >= deadline:

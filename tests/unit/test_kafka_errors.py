@@ -53,6 +53,11 @@ def test_the_constructor_sets_the_flags_classify_reads() -> None:
         (err(KafkaError.CONCURRENT_TRANSACTIONS, retriable=True), ErrorClass.RETRIABLE),
         (err(KafkaError._TIMED_OUT), ErrorClass.RETRIABLE),
         (err(KafkaError._TRANSPORT), ErrorClass.RETRIABLE),
+        # Transient broker errors returned by plain calls carry the code only, no flag.
+        (err(KafkaError.NOT_LEADER_FOR_PARTITION), ErrorClass.RETRIABLE),
+        (err(KafkaError.LEADER_NOT_AVAILABLE), ErrorClass.RETRIABLE),
+        (err(KafkaError.UNKNOWN_TOPIC_OR_PART), ErrorClass.RETRIABLE),
+        (err(KafkaError.NOT_COORDINATOR), ErrorClass.RETRIABLE),
         # Anything else we do not understand is fatal.
         (err(KafkaError.TOPIC_AUTHORIZATION_FAILED), ErrorClass.FATAL),
         (err(KafkaError._INVALID_ARG), ErrorClass.FATAL),
