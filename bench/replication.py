@@ -31,6 +31,7 @@ import contextlib
 import math
 import os
 import platform
+import shutil
 import signal
 import time
 import uuid
@@ -115,6 +116,8 @@ class BenchConfig:
     """Destination bootstrap servers (given together with source)."""
     work_dir: Path
     """Each run's configuration files and logs go in a dated directory under here."""
+    keep_data: bool
+    """Keep the data of the clusters the run started (deleted by default: gigabytes per run)."""
     json_path: Path | None
     """Where to write the raw figures, if anywhere."""
 
@@ -175,6 +178,11 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument(
         "--dir", type=Path, default=Path(".ferryman/bench"), help="work dirs and logs go under here (%(default)s)"
     )
+    ap.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="keep the data of the clusters this run starts (default: deleted at the end, logs kept)",
+    )
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
     args = ap.parse_args(argv)
@@ -229,6 +237,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         source=args.source,
         destination=args.destination,
         work_dir=args.dir,
+        keep_data=args.keep_data,
         json_path=args.json,
     )
 
@@ -523,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for c in clusters:
             c.stop()
+            if not cfg.keep_data:
+                # A default run writes ~2-4 GB; the broker logs stay for a post-mortem.
+                shutil.rmtree(c.data_dir, ignore_errors=True)
     tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {cfg.partitions} partitions"
     lat_title = f"End-to-end latency ({cfg.latency_duration_s:.0f} s of offered load, read_committed)"
     print()

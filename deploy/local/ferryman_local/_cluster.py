@@ -263,6 +263,11 @@ class LocalCluster:
         return self.work_dir / "logs" / "server.log"
 
     @property
+    def data_dir(self) -> Path:
+        """The broker's ``log.dirs``: every topic's data and the KRaft metadata log."""
+        return self.work_dir / "data"
+
+    @property
     def properties_path(self) -> Path:
         """The broker's ``server.properties``."""
         return self.work_dir / "server.properties"
@@ -327,7 +332,7 @@ class LocalCluster:
         props = broker_properties(
             port=self._state.port,
             controller_port=self._state.controller_port,
-            data_dir=self.work_dir / "data",
+            data_dir=self.data_dir,
             extra=self._extra,
         )
         self.properties_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -348,7 +353,7 @@ class LocalCluster:
         ]
 
     def _format(self) -> None:
-        if (self.work_dir / "data" / "meta.properties").exists():
+        if (self.data_dir / "meta.properties").exists():
             return
         cmd = self._java(
             "kafka.tools.StorageTool", "format", "--standalone", "-t", self.cluster_id, "-c", str(self.properties_path)
