@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from tests.helpers.grpc_clients import deduper_status, local
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.services import ServiceProcess, flow_config, running_flow, write_config, write_flow_config
 
 pytestmark = pytest.mark.e2e
 
@@ -58,22 +58,18 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
     topics = [unique_name(f"crash{i}") for i in range(2)]
     for t in topics:
         create_topic(source_cluster.bootstrap_servers, t, PARTITIONS)
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=unique_name("flow"),
-            topics=topics,
-            # Far below what one consume batch brings while catching up after a
-            # kill: transactions are committed mid-batch on the size budget too.
-            deduper={"transaction_max_records": 700},
-        ),
-    )
     producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=6000, rate_per_s=2500)
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=topics,
+        # Far below what one consume batch brings while catching up after a
+        # kill: transactions are committed mid-batch on the size budget too.
+        deduper={"transaction_max_records": 700},
+    ) as f:
+        wrapper, deduper = f.wrapper, f.deduper
         deduper.wait_for_log("assigned staging partitions", 60)
         producer.start()
         kills = ["wrapper", "deduper"] * 3
@@ -96,9 +92,6 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
         assert deduper.starts == 4
         assert wrapper.terminate() == 0
         assert deduper.terminate() == 0
-    finally:
-        wrapper.stop()
-        deduper.stop()
 
 
 def test_second_deduper_with_same_identity_is_fenced(
@@ -106,14 +99,12 @@ def test_second_deduper_with_same_identity_is_fenced(
 ) -> None:
     topic = unique_name("fence")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=unique_name("flow"),
-            topics=[topic],
-        ),
+    cfg = write_flow_config(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
     )
     producer = SequenceProducer(source_cluster.bootstrap_servers, [topic], per_partition=4000, rate_per_s=2000)
     wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.helpers.kafka import KafkaCluster
 
 BIN = Path(sys.executable).parent
 
@@ -149,3 +152,61 @@ class ServiceProcess:
                 self.terminate(30)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+def write_flow_config(
+    source: KafkaCluster, destination: KafkaCluster, log_dir: Path, *, flow: str, topics: Sequence[str], **config: Any
+) -> Path:
+    """Write ``flow_config`` for the two clusters to ``log_dir/<flow>.yaml`` and return its path.
+
+    ``**config`` takes the other ``flow_config`` arguments (``wrapper=``, ``deduper=``, ``extra_flow=``, ...).
+    """
+    return write_config(
+        log_dir / f"{flow}.yaml",
+        flow_config(
+            source_bootstrap=source.bootstrap_servers,
+            destination_bootstrap=destination.bootstrap_servers,
+            flow=flow,
+            topics=topics,
+            **config,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RunningFlow:
+    """The processes of one flow started by ``running_flow``."""
+
+    config: Path
+    wrapper: ServiceProcess
+    deduper: ServiceProcess
+
+
+@contextlib.contextmanager
+def running_flow(
+    source: KafkaCluster,
+    destination: KafkaCluster,
+    log_dir: Path,
+    *,
+    flow: str,
+    topics: Sequence[str],
+    **config: Any,
+) -> Iterator[RunningFlow]:
+    """Write a one-flow configuration, start a wrapper and a deduper (instance ``d1``), stop both on exit.
+
+    Args:
+        source: the source cluster.
+        destination: the destination cluster.
+        log_dir: where the configuration file and the service logs go.
+        flow: the flow's name.
+        topics: the flow's topic patterns.
+        **config: more ``flow_config`` arguments (``wrapper=``, ``deduper=``, ``extra_flow=``, ...).
+    """
+    path = write_flow_config(source, destination, log_dir, flow=flow, topics=topics, **config)
+    wrapper = ServiceProcess("wrapper", path, log_dir).start()
+    deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", "d1"]).start()
+    try:
+        yield RunningFlow(path, wrapper, deduper)
+    finally:
+        wrapper.stop()
+        deduper.stop()

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
 
@@ -66,29 +66,14 @@ def test_exact_copy_of_every_record_shape(source_cluster, destination_cluster, u
         total += _produce_mixed(source_cluster.bootstrap_servers, t, 8500)
     assert total >= 100_000
 
-    flow = unique_name("flow")
-    cfg = write_config(
-        tmp_path / "ferryman.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=flow,
-            topics=[f"{t}" for t in topics],
-        ),
-    )
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=topics) as f:
         for t in topics:
             src = read_all(source_cluster.bootstrap_servers, t)
             expected = sum(len(v) for v in src.values())
             dst = read_all(destination_cluster.bootstrap_servers, f"src.{t}", expected=expected, timeout_s=180)
             assert_exact_copy(src, dst)
-        assert wrapper.terminate() == 0
-        assert deduper.terminate() == 0
-    finally:
-        wrapper.stop()
-        deduper.stop()
+        assert f.wrapper.terminate() == 0
+        assert f.deduper.terminate() == 0
 
     # Destination topics: same partition count, replicated configs minus the excluded ones.
     admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
@@ -119,18 +104,7 @@ def test_aborted_source_transactions_are_never_replicated(
             p.commit_transaction(30)
     src = read_all(source_cluster.bootstrap_servers, topic)
     assert sum(len(v) for v in src.values()) == 2000
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=unique_name("flow"),
-            topics=[topic],
-        ),
-    )
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]):
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=2000, timeout_s=120)
         assert_exact_copy(src, dst)
         values = [r.value for recs in dst.values() for r in recs]
@@ -138,9 +112,6 @@ def test_aborted_source_transactions_are_never_replicated(
         # Offsets at the destination are dense per transaction, source offsets are not:
         # the aborted records and the markers left gaps that must not confuse the deduper.
         assert any(b.offset - a.offset > 1 for recs in src.values() for a, b in itertools.pairwise(recs))
-    finally:
-        wrapper.stop()
-        deduper.stop()
 
 
 def test_compacted_source_with_offset_gaps(source_cluster, destination_cluster, unique_name, tmp_path: Path) -> None:
@@ -189,22 +160,14 @@ def test_compacted_source_with_offset_gaps(source_cluster, destination_cluster, 
     src = read_all(source_cluster.bootstrap_servers, topic)
     assert any(b.offset - a.offset > 1 for recs in src.values() for a, b in itertools.pairwise(recs))
     # The destination must not compact behind our back while we compare: configs are not replicated here.
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=unique_name("flow"),
-            topics=[topic],
-            extra_flow={"replicate_topic_configs": False},
-        ),
-    )
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        extra_flow={"replicate_topic_configs": False},
+    ):
         expected = sum(len(v) for v in src.values())
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=120)
         assert_exact_copy(src, dst)
-    finally:
-        wrapper.stop()
-        deduper.stop()

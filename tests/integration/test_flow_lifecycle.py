@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.services import ServiceProcess, running_flow, write_flow_config
 
 pytestmark = pytest.mark.integration
 
@@ -22,19 +20,6 @@ def _produce(bootstrap: str, topic: str, partitions: int, start: int, count: int
     assert p.flush(30) == 0
 
 
-def _config(tmp_path: Path, source_cluster, destination_cluster, flow: str, topics: list[str], **kw: object) -> Path:
-    return write_config(
-        tmp_path / f"{flow}.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=flow,
-            topics=topics,
-            **kw,  # type: ignore[arg-type]
-        ),
-    )
-
-
 def _count(recs: dict[int, list[object]]) -> int:
     return sum(len(v) for v in recs.values())
 
@@ -44,10 +29,7 @@ def test_new_topics_and_partition_growth_are_followed(source_cluster, destinatio
     first = f"{prefix}-a"
     create_topic(source_cluster.bootstrap_servers, first, 2)
     _produce(source_cluster.bootstrap_servers, first, 2, 0, 100)
-    cfg = _config(tmp_path, source_cluster, destination_cluster, unique_name("flow"), [f"{prefix}-.*"])
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[f"{prefix}-.*"]):
         read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
         # A new topic matching the pattern, and two more partitions on the first one.
         second = f"{prefix}-b"
@@ -63,40 +45,33 @@ def test_new_topics_and_partition_growth_are_followed(source_cluster, destinatio
             assert_exact_copy(src, dst)
         dadmin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
         assert len(dadmin.list_topics(f"src.{first}", timeout=10).topics[f"src.{first}"].partitions) == 4
-    finally:
-        wrapper.stop()
-        deduper.stop()
 
 
 def test_recreated_source_topic_is_noticed_and_replicated(source_cluster, destination_cluster, unique_name, tmp_path):
     topic = unique_name("recreate")
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     _produce(source_cluster.bootstrap_servers, topic, 2, 0, 100)
-    cfg = _config(tmp_path, source_cluster, destination_cluster, unique_name("flow"), [topic])
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as f:
         read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=200, timeout_s=90)
-        assert wrapper.terminate() == 0
+        assert f.wrapper.terminate() == 0
         admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
         admin.delete_topics([topic])[topic].result(30)
         wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, timeout_s=30)
         create_topic(source_cluster.bootstrap_servers, topic, 2)
         _produce(source_cluster.bootstrap_servers, topic, 2, 1000, 30)  # offsets restart at 0
-        wrapper.start()
+        f.wrapper.start()
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=260, timeout_s=90)
         values = sorted(r.value for recs in dst.values() for r in recs if r.value)
         assert len(values) == 260 == len(set(values))
-        deduper.wait_for_log("was re-created", 30)
-    finally:
-        wrapper.stop()
-        deduper.stop()
+        f.deduper.wait_for_log("was re-created", 30)
 
 
 def test_staging_topic_with_wrong_shape_fails_fast(source_cluster, destination_cluster, unique_name, tmp_path):
     flow = unique_name("flow")
     create_topic(destination_cluster.bootstrap_servers, f"ferryman.{flow}.staging.internal", 3)
-    cfg = _config(tmp_path, source_cluster, destination_cluster, flow, ["nothing"], staging_partitions=6)
+    cfg = write_flow_config(
+        source_cluster, destination_cluster, tmp_path, flow=flow, topics=["nothing"], staging_partitions=6
+    )
     wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
     assert wrapper.wait_exit(60) == 1
     out = wrapper.output()
@@ -111,12 +86,9 @@ def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     _produce(source_cluster.bootstrap_servers, topic, 2, 0, 200)
     flow = unique_name("flow")
-    cfg = _config(tmp_path, source_cluster, destination_cluster, flow, [topic])
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
         read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=400, timeout_s=90)
-        assert wrapper.terminate() == 0
+        assert f.wrapper.terminate() == 0
         admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
         group = f"ferryman-wrapper.{flow}"
 
@@ -130,15 +102,12 @@ def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
 
         wait_until(deleted, timeout_s=60, interval_s=1.0, message="wrapper group could not be deleted")
         _produce(source_cluster.bootstrap_servers, topic, 2, 200, 50)
-        wrapper.start()
+        f.wrapper.start()
         src = read_all(source_cluster.bootstrap_servers, topic)
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
         assert_exact_copy(src, dst)
-        wrapper.wait_for_log("has no committed offset", 30)
-        assert "duplicates_dropped=0" in deduper.output() or deduper.alive
-    finally:
-        wrapper.stop()
-        deduper.stop()
+        f.wrapper.wait_for_log("has no committed offset", 30)
+        assert "duplicates_dropped=0" in f.deduper.output() or f.deduper.alive
 
 
 def test_kafka_reo_environment_variables_are_a_complete_configuration(
@@ -181,12 +150,12 @@ def test_gap_in_staging_is_reported_and_held_not_skipped(source_cluster, destina
     create_topic(source_cluster.bootstrap_servers, topic, 1)
     flow = unique_name("flow")
     # One record per envelope, so deleting staging records removes whole source records.
-    cfg = _config(
-        tmp_path,
+    cfg = write_flow_config(
         source_cluster,
         destination_cluster,
-        flow,
-        [topic],
+        tmp_path,
+        flow=flow,
+        topics=[topic],
         staging_partitions=1,
         wrapper={"envelope_max_records": 1},
     )

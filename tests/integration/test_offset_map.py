@@ -9,7 +9,7 @@ from ferryman.state import PartitionKey
 from ferryman.v1 import state_pb2
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all
-from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
 
@@ -20,23 +20,9 @@ def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluste
     # Transactional source: markers leave gaps in source offsets, so the map is not an identity shift.
     produce_sequences(source_cluster.bootstrap_servers, topic, 3, 700, transactional=True, records_per_transaction=50)
     flow = unique_name("flow")
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=flow,
-            topics=[topic],
-        ),
-    )
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]):
         src = read_all(source_cluster.bootstrap_servers, topic)
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=2100, timeout_s=90)
-    finally:
-        wrapper.stop()
-        deduper.stop()
     maps = read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.offset-map.internal")
     src_by_offset = {(p, r.offset): r.value for p, recs in src.items() for r in recs}
     dst_by_offset = {(p, r.offset): r.value for p, recs in dst.items() for r in recs}
@@ -78,24 +64,16 @@ def test_without_offset_map_the_copy_is_exact_and_states_name_no_destination_off
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     produce_sequences(source_cluster.bootstrap_servers, topic, 2, 500)
     flow = unique_name("flow")
-    cfg = write_config(
-        tmp_path / "f.yaml",
-        flow_config(
-            source_bootstrap=source_cluster.bootstrap_servers,
-            destination_bootstrap=destination_cluster.bootstrap_servers,
-            flow=flow,
-            topics=[topic],
-            extra_flow={"emit_offset_mappings": False},
-        ),
-    )
-    wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
-    deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=flow,
+        topics=[topic],
+        extra_flow={"emit_offset_mappings": False},
+    ):
         src = read_all(source_cluster.bootstrap_servers, topic)
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=1000, timeout_s=90)
-    finally:
-        wrapper.stop()
-        deduper.stop()
     assert_exact_copy(src, dst)
     maps = read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.offset-map.internal")
     assert sum(len(r) for r in maps.values()) == 0
