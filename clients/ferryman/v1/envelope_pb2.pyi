@@ -342,7 +342,8 @@ class Envelope(_message.Message):
     """Identity of the wrapper process that wrote the envelope."""
     wrapper_epoch: _builtins.int
     """Wrapper epoch: increases each time the wrapper (re)starts reading the
-    partition, so replays can be told apart in diagnostics.
+    partition, so replays can be told apart in diagnostics. 0 on envelopes
+    resent over the control link (ResendData), which no streaming read made.
     """
     wrapped_at_ms: _builtins.int
     """Wall-clock time the wrapper built the envelope, milliseconds since epoch."""

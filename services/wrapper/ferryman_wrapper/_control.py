@@ -305,7 +305,7 @@ class ResendWorker:
             src,
             request.from_offset - 1,
             wrapper_id=self._wrapper_id,
-            wrapper_epoch=0,
+            wrapper_epoch=0,  # the envelope contract's mark of a resent envelope
             max_records=self._max_records,
             max_bytes=min(self._max_bytes, RESEND_CHUNK_BYTES // 2),
         ):
