@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
-from ferryman.kafka_errors import retry_retriable
+from ferryman.topics import watermark_offsets
 
 from bench.records import decode
 
@@ -58,17 +58,8 @@ def _high_watermarks(bootstrap: str, topic: str, partitions: Iterable[int]) -> d
     """Each partition's high watermark. A read_committed consumer would answer with the
     last stable offset instead, which lags while commit markers are still being written."""
     probe = _consumer(bootstrap, eof=False, isolation="read_uncommitted")
-
-    def high(p: int) -> int:
-        # A topic created a moment ago may have no leader yet: leadership errors are retried.
-        return retry_retriable(
-            lambda: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S)[1],
-            what=f"reading the high watermark of {topic} [{p}]",
-            budget_s=_METADATA_TIMEOUT_S,
-        )
-
     try:
-        return {p: high(p) for p in partitions}
+        return {p: watermark_offsets(probe, topic, p, budget_s=_METADATA_TIMEOUT_S)[1] for p in partitions}
     finally:
         probe.close()
 

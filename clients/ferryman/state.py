@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ferryman.errors import KafkaOperationError
-from ferryman.kafka_errors import retry_retriable
+from ferryman.topics import watermark_offsets
 from ferryman.v1 import state_pb2
 
 #: Configs of the compacted internal topics (state, topic specs, offset map).
@@ -91,11 +91,7 @@ def read_compacted(
         # An empty partition (low == high watermark) has nothing to restore. The
         # topic may have been created a moment ago: leadership moves are retried.
         def nonempty(p: int) -> bool:
-            w = retry_retriable(
-                lambda: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s),
-                what=f"reading the offsets of {topic} [{p}]",
-                budget_s=timeout_s,
-            )
+            w = watermark_offsets(consumer, topic, p, budget_s=timeout_s)
             return w is None or w[0] < w[1]
 
         pending = {p for p in parts if nonempty(p)}

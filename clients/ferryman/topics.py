@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from ferryman.errors import TopicShapeError
+from ferryman.kafka_errors import retry_retriable
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,20 @@ class TopicInfo:
     topic_id: bytes
     partitions: int
     configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def watermark_offsets(consumer: Consumer, topic: str, partition: int, *, budget_s: float) -> tuple[int, int]:
+    """A partition's (low, high) offsets as consumer sees them.
+
+    High is the last stable offset for a read_committed consumer. A topic created
+    a moment ago may have no leader yet; such errors come from this call with the
+    code only, and are retried within budget_s (``retry_retriable``).
+    """
+    return retry_retriable(
+        lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=budget_s),
+        what=f"reading the offsets of {topic} [{partition}]",
+        budget_s=budget_s,
+    )
 
 
 def uuid_bytes(uuid: object) -> bytes:

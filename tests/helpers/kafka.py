@@ -18,7 +18,7 @@ from typing import Literal, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from ferryman.kafka_errors import retry_retriable
+from ferryman.topics import watermark_offsets
 
 T = TypeVar("T")
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -345,15 +345,8 @@ class _Reader:
         return False
 
     def _end(self, consumer: Consumer, partition: int, budget_s: float) -> int:
-        """The partition's end as consumer sees it (high watermark or stable offset).
-
-        A topic created a moment ago may have no leader yet: retriable errors are retried within budget_s.
-        """
-        return retry_retriable(
-            lambda: consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=budget_s)[1],
-            what=f"reading the end of {self.topic} [{partition}]",
-            budget_s=budget_s,
-        )
+        """The partition's end as consumer sees it (high watermark or stable offset)."""
+        return watermark_offsets(consumer, self.topic, partition, budget_s=budget_s)[1]
 
     def read_to_end(self, deadline: float) -> None:
         metadata = self._consumer.list_topics(self.topic, timeout=max(1.0, deadline - time.monotonic()))

@@ -801,8 +801,8 @@ class Deduper:
                 watermark=st.watermark,
                 topic_id=st.topic_id,
                 retired_topic_ids=sorted(st.retired_topic_ids),
-                # Known only from the offset map's delivery reports; without it, unknown.
-                destination_offset=self._last_dest_offset.get(key, -1) if self._flow.emit_offset_mappings else -1,
+                # Learnt from the offset map's delivery reports: without the map, never, so -1 (unknown).
+                destination_offset=self._last_dest_offset.get(key, -1),
                 destination_topic=self._dest_topics.get(key, ""),
                 updated_at_ms=now_ms,
                 deduper_id=self.instance_id,
