@@ -72,7 +72,7 @@ class RecordRun:
     """
 
     offsets: Sequence[int]
-    """Source offsets, strictly increasing."""
+    """Source offsets, strictly increasing (a ``range`` when they are consecutive)."""
     timestamps_ms: Sequence[int]
     """Record timestamps, milliseconds since the epoch."""
     timestamp_types: Sequence[int]
@@ -147,12 +147,19 @@ def _null_split(column: Sequence[bytes | None]) -> tuple[Sequence[bytes | None],
     return [b"" if b is None else b for b in column], [i for i, b in enumerate(column) if b is None]
 
 
+def consecutive(offsets: Sequence[int]) -> bool:
+    """Whether strictly increasing offsets have no hole (the two ends tell, in O(1))."""
+    return offsets[-1] - offsets[0] == len(offsets) - 1
+
+
 def batch_of(run: RecordRun) -> envelope_pb2.RecordBatch:
-    """The columnar RecordBatch of a run."""
+    """The columnar RecordBatch of a run (offsets as base_offset alone when they have no hole)."""
     keys, null_keys = _null_split(run.keys)
     values, null_values = _null_split(run.values)
+    offsets = run.offsets
     batch = envelope_pb2.RecordBatch(
-        offsets=run.offsets,
+        base_offset=offsets[0] if consecutive(offsets) else 0,
+        offsets=() if consecutive(offsets) else offsets,
         timestamps_ms=run.timestamps_ms,
         timestamp_types=run.timestamp_types,  # type: ignore[arg-type]  # ints are the enum's values
         keys=keys,  # type: ignore[arg-type]  # no None left: _null_split replaced them
@@ -174,11 +181,22 @@ def run_of(batch: envelope_pb2.RecordBatch) -> RecordRun:
         EnvelopeError: the batch is empty or its columns are inconsistent.
     """
     if batch.records:
-        if batch.offsets or batch.timestamps_ms or batch.keys or batch.values or batch.headers:
+        if batch.offsets or batch.base_offset or batch.timestamps_ms or batch.keys or batch.values or batch.headers:
             raise EnvelopeError("record batch holds both the row and the columnar form")
         return _run_of_rows(batch.records)
-    offsets = list(batch.offsets)
-    n = len(offsets)
+    offsets: Sequence[int]
+    if batch.offsets:
+        offsets = list(batch.offsets)
+        n = len(offsets)
+        if batch.base_offset:
+            raise EnvelopeError("columnar batch gives both offsets and a base offset")
+        if n > 1 and not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+            raise EnvelopeError("columnar batch offsets are not strictly increasing")
+    else:
+        n = len(batch.timestamps_ms)
+        if batch.base_offset < 0:
+            raise EnvelopeError(f"columnar batch base offset {batch.base_offset} is negative")
+        offsets = range(batch.base_offset, batch.base_offset + n)
     types = list(batch.timestamp_types)
     if (
         not n
@@ -191,8 +209,6 @@ def run_of(batch: envelope_pb2.RecordBatch) -> RecordRun:
             f"inconsistent columnar batch: {n} offsets, {len(batch.timestamps_ms)} timestamps, "
             f"{len(types)} timestamp types, {len(batch.keys)} keys, {len(batch.values)} values"
         )
-    if n > 1 and not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
-        raise EnvelopeError("columnar batch offsets are not strictly increasing")
     if any(not 0 <= i < n for i in itertools.chain(batch.null_keys, batch.null_values)):
         raise EnvelopeError("columnar batch null index out of range")
     headers: list[tuple[int, Headers]] = []
@@ -265,16 +281,37 @@ def encode_batch(
     trace_context: dict[str, str] | None = None,
 ) -> bytes:
     """Serialize an envelope around a RecordBatch in either form (see encode)."""
-    count = len(batch.records) or len(batch.offsets)
+    count = len(batch.records) or len(batch.timestamps_ms)
     if not count:
         raise ValueError("an envelope needs at least one record")
-    payload = batch.SerializeToString()
+    return wrap_payload(
+        source,
+        previous_offset,
+        batch.SerializeToString(),
+        count,
+        wrapper_id=wrapper_id,
+        wrapper_epoch=wrapper_epoch,
+        trace_context=trace_context,
+    )
+
+
+def wrap_payload(
+    source: envelope_pb2.SourcePartition,
+    previous_offset: int,
+    payload: bytes,
+    record_count: int,
+    *,
+    wrapper_id: str,
+    wrapper_epoch: int,
+    trace_context: dict[str, str] | None = None,
+) -> bytes:
+    """Serialize an envelope around an already serialized RecordBatch of record_count records."""
     env = envelope_pb2.Envelope(
         source=source,
         previous_offset=previous_offset,
         records=payload,
         records_crc32=zlib.crc32(payload),
-        record_count=count,
+        record_count=record_count,
         wrapper_id=wrapper_id,
         wrapper_epoch=wrapper_epoch,
         wrapped_at_ms=int(time.time() * 1000),
@@ -320,7 +357,7 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
         raise EnvelopeError(f"envelope records do not parse: {exc}") from exc
     if not env.source.topic:
         raise EnvelopeError("envelope without a source topic")
-    if not batch.records and not batch.offsets:
+    if not batch.records and not batch.timestamps_ms:
         raise EnvelopeError("envelope without records")
     run = run_of(batch)
     if env.record_count and env.record_count != len(run):

@@ -10,7 +10,7 @@ staging partition ``s`` restores exactly state partition ``s``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +18,42 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from ferryman.errors import KafkaOperationError
 from ferryman.topics import watermark_offsets
-from ferryman.v1 import state_pb2
+from ferryman.v1 import envelope_pb2, state_pb2
 
 #: Configs of the compacted internal topics (state, topic specs, offset map).
 COMPACTED_TOPIC_CONFIGS = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
+
+
+def offset_mapping(
+    source: envelope_pb2.SourcePartition,
+    destination_topic: str,
+    first_destination_offset: int,
+    source_offsets: Sequence[int],
+) -> state_pb2.OffsetMapping:
+    """The offset-map record of records written at consecutive destination offsets.
+
+    Consecutive source offsets (the usual case) are stored as their first one
+    and a count; others are listed. Read them back with mapped_source_offsets.
+    """
+    n = len(source_offsets)
+    first = source_offsets[0]
+    listed = source_offsets[-1] - first != n - 1  # strictly increasing: the ends tell
+    return state_pb2.OffsetMapping(
+        source=source,
+        destination_topic=destination_topic,
+        destination_partition=source.partition,
+        first_destination_offset=first_destination_offset,
+        source_offsets=source_offsets if listed else (),
+        first_source_offset=0 if listed else first,
+        record_count=n,
+    )
+
+
+def mapped_source_offsets(mapping: state_pb2.OffsetMapping) -> Sequence[int]:
+    """The source offsets an offset-map record maps, in either form; the i-th is at first_destination_offset + i."""
+    if mapping.source_offsets:
+        return list(mapping.source_offsets)
+    return range(mapping.first_source_offset, mapping.first_source_offset + mapping.record_count)
 
 
 @dataclass(frozen=True, order=True)

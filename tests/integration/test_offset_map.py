@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ferryman.state import PartitionKey
+from ferryman.state import PartitionKey, mapped_source_offsets
 from ferryman.v1 import state_pb2
 
 from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all
@@ -14,11 +14,17 @@ from tests.helpers.services import running_flow
 pytestmark = pytest.mark.integration
 
 
-def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluster, unique_name, tmp_path: Path):
+@pytest.mark.parametrize("transactional", [True, False], ids=["offsets-with-holes", "consecutive-offsets"])
+def test_offset_map_maps_every_record_exactly(
+    source_cluster, destination_cluster, unique_name, tmp_path: Path, transactional: bool
+):
     topic = unique_name("omap")
     create_topic(source_cluster.bootstrap_servers, topic, 3)
-    # Transactional source: markers leave gaps in source offsets, so the map is not an identity shift.
-    produce_sequences(source_cluster.bootstrap_servers, topic, 3, 700, transactional=True, records_per_transaction=50)
+    # Transactional source: markers leave gaps in source offsets, so the map is not an identity shift and
+    # lists source offsets; a plain source has none, and the map gives each run as its first offset and count.
+    produce_sequences(
+        source_cluster.bootstrap_servers, topic, 3, 700, transactional=transactional, records_per_transaction=50
+    )
     flow = unique_name("flow")
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]):
         src = read_all(source_cluster.bootstrap_servers, topic)
@@ -27,6 +33,7 @@ def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluste
     src_by_offset = {(p, r.offset): r.value for p, recs in src.items() for r in recs}
     dst_by_offset = {(p, r.offset): r.value for p, recs in dst.items() for r in recs}
     mapped: dict[tuple[int, int], int] = {}
+    listed = 0
     for recs in maps.values():
         for rec in recs:
             assert rec.value is not None
@@ -34,7 +41,9 @@ def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluste
             assert m.source.topic == topic
             assert m.destination_topic == f"src.{topic}"
             assert m.destination_partition == m.source.partition
-            for i, so in enumerate(m.source_offsets):
+            listed += bool(m.source_offsets)
+            assert m.record_count == len(mapped_source_offsets(m))
+            for i, so in enumerate(mapped_source_offsets(m)):
                 key = (m.source.partition, so)
                 assert key not in mapped, f"source offset {key} mapped twice"
                 mapped[key] = m.first_destination_offset + i
@@ -42,7 +51,11 @@ def test_offset_map_maps_every_record_exactly(source_cluster, destination_cluste
     assert set(mapped) == set(src_by_offset)
     for (p, so), do in mapped.items():
         assert dst_by_offset[(p, do)] == src_by_offset[(p, so)]
-    assert any(so != do for (_, so), do in mapped.items())
+    if transactional:
+        assert any(so != do for (_, so), do in mapped.items())
+        assert listed, "offsets with holes must be listed"
+    else:
+        assert not listed, "consecutive source offsets are stored as first offset and count"
     # The committed state of each source partition names the destination offset of the record at its
     # watermark (the state and the map are written in the same transaction).
     states: dict[int, state_pb2.WatermarkState] = {}

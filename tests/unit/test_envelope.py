@@ -290,12 +290,15 @@ def test_row_form_with_offsets_out_of_order_is_refused(offsets: list[int]) -> No
         envelope.decode(envelope.encode_batch(SRC, 4, batch, wrapper_id="w", wrapper_epoch=1))
 
 
-@pytest.mark.parametrize("column", ["offsets", "timestamps_ms", "keys", "values", "headers"])
+@pytest.mark.parametrize("column", ["offsets", "base_offset", "timestamps_ms", "keys", "values", "headers"])
 def test_a_batch_holding_both_forms_is_refused(column: str) -> None:
     """Rows plus any columnar field (not only offsets) is refused: no column is silently ignored."""
-    columnar = envelope.batch_of(run_of_seen([rec(1, headers=[("h", b"1")]), rec(2)]))
+    columnar = envelope.batch_of(run_of_seen([rec(1, headers=[("h", b"1")]), rec(3)]))  # a hole: offsets listed
     batch = envelope_pb2.RecordBatch(records=[_row(rec(1)), _row(rec(2))])
-    getattr(batch, column).extend(getattr(columnar, column))
+    if column == "base_offset":
+        batch.base_offset = 1
+    else:
+        getattr(batch, column).extend(getattr(columnar, column))
     with pytest.raises(EnvelopeError, match="both the row and the columnar form"):
         envelope.decode(envelope.encode_batch(SRC, 0, batch, wrapper_id="w", wrapper_epoch=1))
 
@@ -341,6 +344,9 @@ def test_the_consistent_batch_decodes() -> None:
         ({"headers": _headers_at(-1)}, "header index -1 out of order or range"),
         ({"headers": _headers_at(2, 1)}, "header index 1 out of order or range"),
         ({"headers": _headers_at(1, 1)}, "header index 1 out of order or range"),
+        ({"base_offset": 10}, "gives both offsets and a base offset"),
+        ({"offsets": [], "base_offset": -1}, "base offset -1 is negative"),
+        ({"offsets": [], "base_offset": 10, "keys": [b"a"]}, "3 offsets, 3 timestamps, 1 timestamp types, 1 keys"),
     ],
     ids=[
         "timestamps-short",
@@ -357,6 +363,9 @@ def test_the_consistent_batch_decodes() -> None:
         "header-index-negative",
         "header-indexes-out-of-order",
         "header-index-repeated",
+        "offsets-and-base-offset",
+        "base-offset-negative",
+        "consecutive-form-keys-short",
     ],
 )
 def test_inconsistent_columns_are_an_envelope_error(changes: dict[str, object], message: str) -> None:
@@ -366,11 +375,41 @@ def test_inconsistent_columns_are_an_envelope_error(changes: dict[str, object], 
         envelope.run_of(_columns(**changes))
 
 
-def test_columns_without_offsets_are_an_envelope_without_records() -> None:
+def test_columns_without_offsets_are_consecutive_from_the_base_offset() -> None:
+    run = envelope.decode(_envelope_around(_columns(offsets=[], base_offset=41))).run
+    assert list(run.offsets) == [41, 42, 43]
+    assert list(envelope.run_of(_columns(offsets=[])).offsets) == [0, 1, 2]
+
+
+def test_columns_without_offsets_or_timestamps_are_an_envelope_without_records() -> None:
     with pytest.raises(EnvelopeError, match="without records"):
-        envelope.decode(_envelope_around(_columns(offsets=[])))
+        envelope.decode(_envelope_around(_columns(offsets=[], timestamps_ms=[])))
     with pytest.raises(EnvelopeError, match="0 offsets"):
-        envelope.run_of(_columns(offsets=[]))
+        envelope.run_of(_columns(offsets=[], timestamps_ms=[]))
+
+
+@pytest.mark.parametrize("start", [0, 1, 2**40])
+def test_a_run_without_holes_is_stored_as_its_base_offset(start: int) -> None:
+    offsets = [start + i for i in range(5)]
+    data = _encode([rec(o) for o in offsets])
+    batch = wire_batch(data)
+    assert (list(batch.offsets), batch.base_offset) == ([], start)
+    assert list(envelope.decode(data).run.offsets) == offsets
+
+
+def test_a_run_with_holes_lists_its_offsets() -> None:
+    data = _encode([rec(o) for o in (7, 8, 10)])
+    batch = wire_batch(data)
+    assert (list(batch.offsets), batch.base_offset) == ([7, 8, 10], 0)
+    assert list(envelope.decode(data).run.offsets) == [7, 8, 10]
+
+
+def test_a_run_whose_offsets_are_a_range_round_trips() -> None:
+    run = RecordRun(
+        offsets=range(3, 6), timestamps_ms=[1, 2, 3], timestamp_types=[CREATE], keys=[b"k"] * 3, values=[b"v"] * 3
+    )
+    env = envelope.decode(envelope.encode(SRC, 2, run, wrapper_id="w", wrapper_epoch=1))
+    assert (list(env.run.offsets), env.first_offset, env.last_offset) == ([3, 4, 5], 3, 5)
 
 
 def test_a_wrong_record_count_is_an_envelope_error() -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65rryman/v1/envelope.proto\x12\x0b\x66\x65rryman.v1\"Y\n\x0fSourcePartition\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x11\n\tpartition\x18\x04 \x01(\x05\"3\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"\xc0\x01\n\x06Record\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x32\n\x0etimestamp_type\x18\x03 \x01(\x0e\x32\x1a.ferryman.v1.TimestampType\x12\x10\n\x03key\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x12$\n\x07headers\x18\x06 \x03(\x0b\x32\x13.ferryman.v1.HeaderB\x06\n\x04_keyB\x08\n\x06_value\"D\n\rRecordHeaders\x12\r\n\x05index\x18\x01 \x01(\x05\x12$\n\x07headers\x18\x02 \x03(\x0b\x32\x13.ferryman.v1.Header\"\x83\x02\n\x0bRecordBatch\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.ferryman.v1.Record\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\x12\x15\n\rtimestamps_ms\x18\x03 \x03(\x03\x12\x33\n\x0ftimestamp_types\x18\x04 \x03(\x0e\x32\x1a.ferryman.v1.TimestampType\x12\x0c\n\x04keys\x18\x05 \x03(\x0c\x12\x11\n\tnull_keys\x18\x06 \x03(\x05\x12\x0e\n\x06values\x18\x07 \x03(\x0c\x12\x13\n\x0bnull_values\x18\x08 \x03(\x05\x12+\n\x07headers\x18\t \x03(\x0b\x32\x1a.ferryman.v1.RecordHeaders\"\xc6\x02\n\x08\x45nvelope\x12,\n\x06source\x18\x01 \x01(\x0b\x32\x1c.ferryman.v1.SourcePartition\x12\x17\n\x0fprevious_offset\x18\x02 \x01(\x03\x12\x0f\n\x07records\x18\x03 \x01(\x0c\x12\x15\n\rrecords_crc32\x18\x04 \x01(\r\x12\x14\n\x0crecord_count\x18\x05 \x01(\x05\x12\x12\n\nwrapper_id\x18\x06 \x01(\t\x12\x15\n\rwrapper_epoch\x18\x07 \x01(\x03\x12\x15\n\rwrapped_at_ms\x18\x08 \x01(\x03\x12>\n\rtrace_context\x18\t \x03(\x0b\x32\'.ferryman.v1.Envelope.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x95\x01\n\rTimestampType\x12\x1e\n\x1aTIMESTAMP_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1cTIMESTAMP_TYPE_NOT_AVAILABLE\x10\x01\x12\x1e\n\x1aTIMESTAMP_TYPE_CREATE_TIME\x10\x02\x12\"\n\x1eTIMESTAMP_TYPE_LOG_APPEND_TIME\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65rryman/v1/envelope.proto\x12\x0b\x66\x65rryman.v1\"Y\n\x0fSourcePartition\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x11\n\tpartition\x18\x04 \x01(\x05\"3\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"\xc0\x01\n\x06Record\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x32\n\x0etimestamp_type\x18\x03 \x01(\x0e\x32\x1a.ferryman.v1.TimestampType\x12\x10\n\x03key\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x12$\n\x07headers\x18\x06 \x03(\x0b\x32\x13.ferryman.v1.HeaderB\x06\n\x04_keyB\x08\n\x06_value\"D\n\rRecordHeaders\x12\r\n\x05index\x18\x01 \x01(\x05\x12$\n\x07headers\x18\x02 \x03(\x0b\x32\x13.ferryman.v1.Header\"\x98\x02\n\x0bRecordBatch\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.ferryman.v1.Record\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\x12\x15\n\rtimestamps_ms\x18\x03 \x03(\x03\x12\x33\n\x0ftimestamp_types\x18\x04 \x03(\x0e\x32\x1a.ferryman.v1.TimestampType\x12\x0c\n\x04keys\x18\x05 \x03(\x0c\x12\x11\n\tnull_keys\x18\x06 \x03(\x05\x12\x0e\n\x06values\x18\x07 \x03(\x0c\x12\x13\n\x0bnull_values\x18\x08 \x03(\x05\x12+\n\x07headers\x18\t \x03(\x0b\x32\x1a.ferryman.v1.RecordHeaders\x12\x13\n\x0b\x62\x61se_offset\x18\n \x01(\x03\"\xc6\x02\n\x08\x45nvelope\x12,\n\x06source\x18\x01 \x01(\x0b\x32\x1c.ferryman.v1.SourcePartition\x12\x17\n\x0fprevious_offset\x18\x02 \x01(\x03\x12\x0f\n\x07records\x18\x03 \x01(\x0c\x12\x15\n\rrecords_crc32\x18\x04 \x01(\r\x12\x14\n\x0crecord_count\x18\x05 \x01(\x05\x12\x12\n\nwrapper_id\x18\x06 \x01(\t\x12\x15\n\rwrapper_epoch\x18\x07 \x01(\x03\x12\x15\n\rwrapped_at_ms\x18\x08 \x01(\x03\x12>\n\rtrace_context\x18\t \x03(\x0b\x32\'.ferryman.v1.Envelope.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x95\x01\n\rTimestampType\x12\x1e\n\x1aTIMESTAMP_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1cTIMESTAMP_TYPE_NOT_AVAILABLE\x10\x01\x12\x1e\n\x1aTIMESTAMP_TYPE_CREATE_TIME\x10\x02\x12\"\n\x1eTIMESTAMP_TYPE_LOG_APPEND_TIME\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENVELOPE_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_TIMESTAMPTYPE']._serialized_start=1044
-  _globals['_TIMESTAMPTYPE']._serialized_end=1193
+  _globals['_TIMESTAMPTYPE']._serialized_start=1065
+  _globals['_TIMESTAMPTYPE']._serialized_end=1214
   _globals['_SOURCEPARTITION']._serialized_start=43
   _globals['_SOURCEPARTITION']._serialized_end=132
   _globals['_HEADER']._serialized_start=134
@@ -44,9 +44,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDHEADERS']._serialized_start=382
   _globals['_RECORDHEADERS']._serialized_end=450
   _globals['_RECORDBATCH']._serialized_start=453
-  _globals['_RECORDBATCH']._serialized_end=712
-  _globals['_ENVELOPE']._serialized_start=715
-  _globals['_ENVELOPE']._serialized_end=1041
-  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_start=990
-  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_end=1041
+  _globals['_RECORDBATCH']._serialized_end=733
+  _globals['_ENVELOPE']._serialized_start=736
+  _globals['_ENVELOPE']._serialized_end=1062
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_start=1011
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_end=1062
 # @@protoc_insertion_point(module_scope)

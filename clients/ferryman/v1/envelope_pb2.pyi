@@ -201,11 +201,16 @@ class RecordBatch(_message.Message):
     in source offset order. It travels serialized inside Envelope.records so that
     its checksum covers exactly the bytes that were written.
 
-    Wrappers write the columnar form (fields 2 to 9): one packed or repeated
+    Wrappers write the columnar form (fields 2 to 10): one packed or repeated
     field per record attribute, so that both services move a whole run between
     Kafka and protobuf with a few C-level list conversions instead of one
     message object per record. Readers also accept the row form (field 1), which
     0.1 wrappers wrote; a batch holds one form or the other, never both.
+
+    The columnar form lists the source offsets in one of two ways: explicitly in
+    offsets, or, when the run has no hole (the usual case: compacted topics and
+    transaction markers leave holes), as base_offset alone, the offsets then
+    being base_offset, base_offset + 1, ..., one per timestamps_ms entry.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -219,17 +224,27 @@ class RecordBatch(_message.Message):
     VALUES_FIELD_NUMBER: _builtins.int
     NULL_VALUES_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
+    BASE_OFFSET_FIELD_NUMBER: _builtins.int
+    base_offset: _builtins.int
+    """Source offset of the first record when offsets is empty (the records then
+    have consecutive offsets); 0 when offsets is given. Readers older than this
+    field reject such a batch as inconsistent: upgrade dedupers before wrappers.
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___Record]:
         """Row form: the records, in increasing offset order."""
 
     @_builtins.property
     def offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Columnar form: source offsets, strictly increasing (one per record)."""
+        """Columnar form: source offsets, strictly increasing (one per record); empty
+        when the offsets are consecutive from base_offset.
+        """
 
     @_builtins.property
     def timestamps_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Record timestamps in milliseconds since the epoch (one per record)."""
+        """Record timestamps in milliseconds since the epoch (one per record, so
+        this field also gives the number of records).
+        """
 
     @_builtins.property
     def timestamp_types(self) -> _containers.RepeatedScalarFieldContainer[Global___TimestampType.ValueType]:
@@ -275,10 +290,11 @@ class RecordBatch(_message.Message):
         values: _abc.Iterable[_builtins.bytes] | None = ...,
         null_values: _abc.Iterable[_builtins.int] | None = ...,
         headers: _abc.Iterable[Global___RecordHeaders] | None = ...,
+        base_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "keys", b"keys", "null_keys", b"null_keys", "null_values", b"null_values", "offsets", b"offsets", "records", b"records", "timestamp_types", b"timestamp_types", "timestamps_ms", b"timestamps_ms", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_offset", b"base_offset", "headers", b"headers", "keys", b"keys", "null_keys", b"null_keys", "null_values", b"null_values", "offsets", b"offsets", "records", b"records", "timestamp_types", b"timestamp_types", "timestamps_ms", b"timestamps_ms", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

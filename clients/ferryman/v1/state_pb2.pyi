@@ -173,7 +173,9 @@ class OffsetMapping(_message.Message):
     """OffsetMapping records, for one transaction and one source partition, which
     destination offsets the accepted source records were written at. Destination
     offsets of one transaction and partition are consecutive, so only the first
-    is stored.
+    is stored. Source offsets are listed in source_offsets, or, when they are
+    consecutive too (the usual case), given by first_source_offset and
+    record_count alone.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -183,12 +185,18 @@ class OffsetMapping(_message.Message):
     DESTINATION_PARTITION_FIELD_NUMBER: _builtins.int
     FIRST_DESTINATION_OFFSET_FIELD_NUMBER: _builtins.int
     SOURCE_OFFSETS_FIELD_NUMBER: _builtins.int
+    FIRST_SOURCE_OFFSET_FIELD_NUMBER: _builtins.int
+    RECORD_COUNT_FIELD_NUMBER: _builtins.int
     destination_topic: _builtins.str
     """Destination topic."""
     destination_partition: _builtins.int
     """Destination partition (always equal to source.partition)."""
     first_destination_offset: _builtins.int
     """Destination offset of the first record."""
+    first_source_offset: _builtins.int
+    """Source offset of the first record when source_offsets is empty; 0 otherwise."""
+    record_count: _builtins.int
+    """Number of records mapped (in either form)."""
     @_builtins.property
     def source(self) -> _envelope_pb2.SourcePartition:
         """Source partition of the records."""
@@ -196,7 +204,8 @@ class OffsetMapping(_message.Message):
     @_builtins.property
     def source_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Source offsets of the records, in order; the i-th record was written at
-        first_destination_offset + i.
+        first_destination_offset + i. Empty when the source offsets are
+        consecutive from first_source_offset.
         """
 
     def __init__(
@@ -207,10 +216,12 @@ class OffsetMapping(_message.Message):
         destination_partition: _builtins.int = ...,
         first_destination_offset: _builtins.int = ...,
         source_offsets: _abc.Iterable[_builtins.int] | None = ...,
+        first_source_offset: _builtins.int = ...,
+        record_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_partition", b"destination_partition", "destination_topic", b"destination_topic", "first_destination_offset", b"first_destination_offset", "source", b"source", "source_offsets", b"source_offsets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_partition", b"destination_partition", "destination_topic", b"destination_topic", "first_destination_offset", b"first_destination_offset", "first_source_offset", b"first_source_offset", "record_count", b"record_count", "source", b"source", "source_offsets", b"source_offsets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

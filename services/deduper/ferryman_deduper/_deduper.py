@@ -51,7 +51,7 @@ from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOper
 from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
-from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, offset_mapping, read_compacted
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatusServicer
@@ -79,7 +79,7 @@ class _Slice:
     key: PartitionKey
     source: envelope_pb2.SourcePartition
     destination_topic: str
-    source_offsets: list[int]
+    source_offsets: Sequence[int]
     first_destination_offset: int = -1
     last_destination_offset: int = -1
 
@@ -669,7 +669,7 @@ class Deduper:
         else:
             # Only the first and last record of a run carry a delivery callback:
             # the offset map needs just those two destination offsets.
-            slc = _Slice(key, src, dest, list(run.offsets[start:] if start else run.offsets))
+            slc = _Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
             self._slices.append(slc)
             self._produce_row(dest, partition, next(rows), self._slice_callback(slc, first=True, last=count == 1))
             if count > 1:
@@ -835,12 +835,8 @@ class Deduper:
                     slc.destination_topic,
                 )
                 continue
-            mapping = state_pb2.OffsetMapping(
-                source=slc.source,
-                destination_topic=slc.destination_topic,
-                destination_partition=slc.source.partition,
-                first_destination_offset=slc.first_destination_offset,
-                source_offsets=slc.source_offsets,
+            mapping = offset_mapping(
+                slc.source, slc.destination_topic, slc.first_destination_offset, slc.source_offsets
             )
             self._producer.produce(
                 self._names.offset_map_topic,

@@ -13,8 +13,8 @@ import bisect
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, count, islice
-from operator import add, ne, or_
+from itertools import chain, groupby
+from operator import add
 from typing import Any
 
 from confluent_kafka import Message
@@ -41,25 +41,26 @@ def partition_runs(messages: Sequence[Message]) -> dict[tuple[str, int], list[Me
     """Group a consume() batch by (topic, partition), keeping each partition's order.
 
     librdkafka hands out each partition's messages in contiguous chunks, so
-    the cut points are found by comparing the topic and partition columns with
-    their shifted selves, in C; only the few chunks are handled in Python.
-    The messages must be records, not error events.
+    ``itertools.groupby`` on the partition number (a C accessor as the key,
+    no Python code per record) finds the few chunks; each chunk's topic column
+    is then checked in C and split further only when two topics' chunks with
+    the same partition number touch. The messages must be records, not error
+    events.
     """
-    n = len(messages)
-    if not n:
-        return {}
-    parts: list[int] = list(map(_partition, messages))
-    topics: list[str] = list(map(_topic, messages))
-    changed = map(or_, map(ne, parts, islice(parts, 1, None)), map(ne, topics, islice(topics, 1, None)))
-    cuts = [0, *compress(count(1), changed), n]
     runs: dict[tuple[str, int], list[Message]] = {}
-    for lo, hi in itertools.pairwise(cuts):
-        key = (topics[lo], parts[lo])
-        run = runs.get(key)
-        if run is None:
-            runs[key] = list(messages[lo:hi])
-        else:
-            run.extend(messages[lo:hi])
+    for partition, group in groupby(messages, _partition):
+        chunk = list(group)
+        topics: list[str] = list(map(_topic, chunk))
+        first = topics[0]
+        pieces = (
+            [(first, chunk)] if topics.count(first) == len(chunk) else [(t, list(g)) for t, g in groupby(chunk, _topic)]
+        )
+        for topic, piece in pieces:
+            run = runs.get((topic, partition))
+            if run is None:
+                runs[(topic, partition)] = piece
+            else:
+                run.extend(piece)
     return runs
 
 
@@ -89,10 +90,21 @@ def build_envelopes(
     the consumer returned every committed record between them. An envelope
     holds at most max_records records and, unless a single record is larger,
     at most max_bytes of estimated record size (envelope.record_size).
+
+    Fast path (no headers, the usual case): each piece of max_records records
+    is encoded straight away, and its encoded size bounds its estimated size
+    from above (the payload holds every key and value byte), so a piece whose
+    payload plus the per-record overhead fits is within budget with no size
+    arithmetic per record. From the first piece that is not known to fit, the
+    rest is cut by the estimates (_boundaries), exactly as if every piece had
+    been measured.
     """
-    if not messages:
+    n = len(messages)
+    if not n:
         return
-    offsets: list[int] = list(map(_offset, messages))
+    # A run without holes (the usual case) needs no offset column: its two ends give every offset.
+    first, last = _offset(messages[0]), _offset(messages[-1])
+    offsets: Sequence[int] = range(first, last + 1) if last - first == n - 1 else list(map(_offset, messages))
     keys: list[bytes | None] = list(map(_key, messages))
     values: list[bytes | None] = list(map(_value, messages))
     # timestamp() returns (type, ms): flattened once, the two columns are strided slices.
@@ -102,11 +114,10 @@ def build_envelopes(
     has_headers = any(header_column)
     # confluent-kafka type codes to the proto enum; an unknown code is UNSPECIFIED, never a guess.
     known = envelope.TIMESTAMP_TYPES
-    uniform_type = [known.get(types[0], 0)] if types.count(types[0]) == len(types) else None
+    uniform_type = [known.get(types[0], 0)] if types.count(types[0]) == n else None
 
-    prev = previous_offset
-    for lo, hi in _boundaries(keys, values, header_column if has_headers else None, max_records, max_bytes):
-        whole = lo == 0 and hi == len(offsets)
+    def payload(lo: int, hi: int) -> bytes:
+        whole = lo == 0 and hi == n
         run = RecordRun(
             offsets=offsets if whole else offsets[lo:hi],
             timestamps_ms=stamps if whole else stamps[lo:hi],
@@ -115,10 +126,28 @@ def build_envelopes(
             values=values if whole else values[lo:hi],
             headers=[(i - lo, h) for i in range(lo, hi) if (h := header_column[i])] if has_headers else (),
         )
-        last = offsets[hi - 1]
-        value = envelope.encode(source, prev, run, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch)
-        yield BuiltEnvelope(value, last, hi - lo)
-        prev = last
+        return envelope.batch_of(run).SerializeToString()
+
+    def built(lo: int, hi: int, data: bytes, prev: int) -> BuiltEnvelope:
+        value = envelope.wrap_payload(source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch)
+        return BuiltEnvelope(value, offsets[hi - 1], hi - lo)
+
+    prev = previous_offset
+    lo = 0
+    while lo < n and not has_headers:
+        hi = min(n, lo + max_records)
+        data = payload(lo, hi)
+        if len(data) + envelope.RECORD_OVERHEAD_BYTES * (hi - lo) > max_bytes:
+            break  # not known to fit: cut the rest by the estimates
+        yield built(lo, hi, data, prev)
+        prev = offsets[hi - 1]
+        lo = hi
+    if lo == n:
+        return
+    cuts = _boundaries(keys, values, header_column if has_headers else None, max_records, max_bytes, start=lo)
+    for a, b in cuts:
+        yield built(a, b, payload(a, b), prev)
+        prev = offsets[b - 1]
 
 
 def _bytes(column: Sequence[bytes | None]) -> int:
@@ -131,16 +160,18 @@ def _boundaries(
     headers: list[Headers | None] | None,
     max_records: int,
     max_bytes: int,
+    *,
+    start: int = 0,
 ) -> list[tuple[int, int]]:
-    """[lo, hi) index ranges of the envelopes, filled greedily by the record and size budgets.
+    """[lo, hi) index ranges of the envelopes from start, filled greedily by the record and size budgets.
 
-    Fast path (records far below the size budget, the usual case): cut every
-    max_records while each piece's total size (a C-level sum) fits. From the
-    first piece that does not fit, cut by prefix sums of the record sizes.
+    Fast path (records far below the size budget): cut every max_records
+    while each piece's total size (a C-level sum) fits. From the first piece
+    that does not fit, cut by prefix sums of the record sizes.
     """
     n = len(keys)
     out: list[tuple[int, int]] = []
-    lo = 0
+    lo = start
     while lo < n:
         hi = min(n, lo + max_records)
         whole = lo == 0 and hi == n
