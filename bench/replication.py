@@ -153,6 +153,13 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument(
         "--ferryman-txn-ms", type=int, help="ferryman: deduper.transaction_interval_ms (default: service's)"
     )
+    ap.add_argument(
+        "--staging-compression",
+        default="none",
+        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+        help="ferryman: wrapper.compression_type of the staging hop (%(default)s, like every other row's producer: "
+        "the bytes never leave this machine; the service's own default, lz4, is for a WAN)",
+    )
     ap.add_argument("--mm2-tasks", type=int, default=2, help="mm2 rows: tasks.max (%(default)s: one per core here)")
     ap.add_argument(
         "--mm2-producer-tuning", action="store_true", help="mm2 rows: 1 MB batches, linger 5 ms (default: as shipped)"
@@ -226,6 +233,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
             wrapper_procs=args.wrapper_procs,
             deduper_procs=args.deduper_procs,
             ferryman_txn_ms=args.ferryman_txn_ms,
+            staging_compression=args.staging_compression,
             mm2_tasks=args.mm2_tasks,
             mm2_producer_tuning=args.mm2_producer_tuning,
         ),

@@ -29,6 +29,8 @@ class RowOptions:
     """Ferryman: ``ferryman-deduper`` processes."""
     ferryman_txn_ms: int | None = None
     """Ferryman: ``deduper.transaction_interval_ms`` (None: the service default)."""
+    staging_compression: str = "none"
+    """Ferryman: ``wrapper.compression_type``, the staging hop's compression."""
     mm2_tasks: int = 2
     """MirrorMaker 2: ``tasks.max``."""
     mm2_producer_tuning: bool = False

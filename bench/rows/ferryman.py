@@ -59,6 +59,7 @@ class FerrymanRow(Row):
             ],
             "wrapper": {
                 "listen_address": "127.0.0.1:0",
+                "compression_type": opts.staging_compression,
                 "deduper_addresses": [f"127.0.0.1:{p}" for p in deduper_ports],
             },
             "deduper": deduper,
@@ -95,5 +96,6 @@ class FerrymanRow(Row):
             "wrapper_procs": opts.wrapper_procs,
             "deduper_procs": opts.deduper_procs,
             "transaction_interval_ms": opts.ferryman_txn_ms or "service default",
+            "staging_compression": opts.staging_compression,
             "staging_partitions": self.ctx.partitions,
         }
