@@ -6,7 +6,10 @@
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads one source topic, warms both brokers
-(``bench/warmup.py``), then for each row:
+(``bench/warmup.py``), rehearses every row on a small topic of its own (a
+freshly started broker JIT-compiles each row's paths the first time it sees
+them, and that cost used to land on whichever row was measured first), then
+for each row:
 
 1. throughput: the row's processes copy the preloaded topic to a fresh destination
    topic; a read_committed reader of the destination times it from the first
@@ -82,6 +85,11 @@ _DEFAULT_LATENCY_RATE = 5000.0
 #: --smoke: a light load, the phase only has to work.
 _SMOKE_LATENCY_RATE = 1000.0
 _SMOKE_ROWS = ("copyloop", "ferryman")
+#: Default rehearsal size cap: enough for the brokers to compile each row's paths.
+_REHEARSAL_MAX_RECORDS = 200_000
+#: The rehearsal's paced load: a few seconds at a rate every row sustains here.
+_REHEARSAL_LATENCY_S = 5.0
+_REHEARSAL_LATENCY_RATE = 50_000.0
 #: Points of a row's visibility timeline kept in the JSON (enough to plot it).
 _TIMELINE_POINTS = 200
 
@@ -108,6 +116,8 @@ class BenchConfig:
     """Deadline of one row's throughput phase."""
     warmup_seconds: float
     """Records written to and read from the destination before the first row; 0: none."""
+    rehearsal_records: int
+    """Records every row copies once, unmeasured, before any row is measured; 0: no rehearsal."""
     preload_procs: int | None
     """Producer processes of the preload; None: one per core."""
     source: str | None
@@ -179,6 +189,12 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         default=30.0,
         help="warm-up traffic through both brokers before the first row, s; 0: none (%(default)s)",
     )
+    ap.add_argument(
+        "--rehearsal-records",
+        type=int,
+        help="records every row copies once, unmeasured, before any is measured; 0: none "
+        "(default: a fifth of --records, at most 200 000; --smoke: 0)",
+    )
     ap.add_argument("--preload-procs", type=int, help="preload producer processes (default: one per core)")
     ap.add_argument("--source-bootstrap", "--source", dest="source", help="use this source cluster")
     ap.add_argument("--destination-bootstrap", "--destination", dest="destination", help="and this destination")
@@ -195,6 +211,9 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     args = ap.parse_args(argv)
     if args.smoke:
         args.records, args.partitions, args.latency_seconds, args.warmup_seconds = 20_000, 4, 3.0, 3.0
+        args.rehearsal_records = 0
+    if args.rehearsal_records is None:
+        args.rehearsal_records = min(_REHEARSAL_MAX_RECORDS, args.records // 5)
     args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not args.latency_rate:
@@ -208,6 +227,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         ap.error(f"--value-bytes must be at least {MIN_VALUE_BYTES} (the sequence header)")
     if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks) < 1:
         ap.error("--records, --partitions, --*-procs and --mm2-tasks must be positive")
+    if args.rehearsal_records < 0:
+        ap.error("--rehearsal-records must not be negative")
     if args.partitions > MAX_PARTITIONS:
         ap.error(f"--partitions: at most {MAX_PARTITIONS} (the record header's partition field)")
     if bool(args.source) != bool(args.destination):
@@ -241,6 +262,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         latency_duration_s=args.latency_seconds,
         timeout_s=args.timeout or _DEFAULT_TIMEOUT_BASE_S + args.records / _DEFAULT_TIMEOUT_RECORDS_PER_S,
         warmup_seconds=args.warmup_seconds,
+        rehearsal_records=args.rehearsal_records,
         preload_procs=args.preload_procs,
         source=args.source,
         destination=args.destination,
@@ -288,6 +310,30 @@ def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[in
             f"{w.relayed:,} relayed in transactions, {w.read:,} read back"
         )
     return Stage(run_id, source, destination, topic, counts, broker_pids, base)
+
+
+def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
+    """Run every row once, unmeasured, on a small topic of its own (same clusters, same code paths).
+
+    Each row copies ``cfg.rehearsal_records`` records, then takes a short paced
+    load (the latency phase's paths: small batches, transactions committed on
+    time rather than size), and is checked like a measured row; its figures are
+    logged and dropped. A row that fails here is measured anyway (and fails
+    there too if it is broken).
+    """
+    run_id = uuid.uuid4().hex[:6]
+    topic = f"bench-{run_id}-rehearsal"
+    counts = split_counts(cfg.rehearsal_records, cfg.partitions)
+    _create_topic(stage.source, topic, cfg.partitions)
+    preload(
+        stage.source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(sum(counts))
+    )
+    rehearsal = Stage(run_id, stage.source, stage.destination, topic, counts, [], stage.work_dir / "rehearsal")
+    short = replace(cfg, latency_duration_s=min(cfg.latency_duration_s, _REHEARSAL_LATENCY_S))
+    for name in cfg.rows:
+        started = time.monotonic()
+        result = _run_row(ROWS[name], short, rehearsal, cfg.latency_rate or _REHEARSAL_LATENCY_RATE)
+        _log(f"{name}: rehearsed in {time.monotonic() - started:.1f} s ({result.status})")
 
 
 class _FirstVisible:
@@ -530,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BenchError as exc:
             _log(f"set-up failed: {exc}")
             return 2
+        if cfg.rehearsal_records:
+            _rehearse(cfg, stage)
         rate = cfg.latency_rate
         for name in cfg.rows:
             result = _run_row(ROWS[name], cfg, stage, rate)

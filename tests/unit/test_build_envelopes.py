@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 from ferryman import envelope
 from ferryman.envelope import Headers
+from ferryman.errors import FerrymanError
 from ferryman.v1 import envelope_pb2
 from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes, has_errors, partition_runs
 
@@ -262,6 +263,13 @@ def test_partition_runs_regroups_interleaved_chunks_in_order() -> None:
         ("b", 0): [4],
     }
     assert list(runs) == [("a", 0), ("a", 1), ("b", 0)]
+
+
+def test_partition_runs_refuses_a_chunk_that_does_not_continue_its_partition() -> None:
+    """Runs are labelled by their ends when they have no hole, so they must be in offset order."""
+    batch = [_msg("a", 0, 5), _msg("a", 0, 6), _msg("a", 1, 1), _msg("a", 0, 6), _msg("a", 0, 8)]
+    with pytest.raises(FerrymanError, match="a-0 out of offset order: 6 after 6"):
+        partition_runs(batch)
 
 
 @pytest.mark.parametrize("size", [0, 1, 500])

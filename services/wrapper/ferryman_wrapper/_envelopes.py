@@ -20,6 +20,7 @@ from typing import Any
 from confluent_kafka import Message
 from ferryman import envelope
 from ferryman.envelope import Headers, RecordRun
+from ferryman.errors import FerrymanError
 from ferryman.v1 import envelope_pb2
 
 _offset: Any = Message.offset
@@ -59,8 +60,13 @@ def partition_runs(messages: Sequence[Message]) -> dict[tuple[str, int], list[Me
             run = runs.get((topic, partition))
             if run is None:
                 runs[(topic, partition)] = piece
-            else:
+            elif _offset(piece[0]) > _offset(run[-1]):
                 run.extend(piece)
+            else:
+                raise FerrymanError(
+                    f"consumed records of {topic}-{partition} out of offset order: {_offset(piece[0])} "
+                    f"after {_offset(run[-1])}"
+                )
     return runs
 
 
