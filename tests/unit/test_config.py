@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from ferryman.config import SEED_ENV, ClusterConfig, FerrymanConfig, load_config
+from ferryman.config import SEED_ENV, ClusterConfig, DeduperConfig, FerrymanConfig, load_config
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 from pydantic import ValidationError
@@ -115,6 +115,25 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert cfg.deduper.transaction_interval_ms == 100
     assert cfg.rpc.auth_token is None
     assert not cfg.rpc.tls.enabled
+
+
+@pytest.mark.parametrize(
+    ("settings", "exactly_once", "expected"),
+    [
+        ({}, True, 100),
+        ({"transaction_interval_ms": 40}, True, 40),
+        ({"transaction_interval_ms": 250}, True, 100),
+        ({}, False, 5),
+        ({"transaction_interval_ms": 250}, False, 5),
+        ({"linger_ms": 0}, True, 0),
+        ({"linger_ms": 20}, False, 20),
+    ],
+)
+def test_destination_linger_defaults_to_the_transaction_interval_when_exactly_once(
+    settings: dict[str, int], exactly_once: bool, expected: int
+) -> None:
+    """Records are invisible until the commit (whose flush sends them), so lingering that long costs nothing."""
+    assert DeduperConfig(**settings).producer_linger_ms(exactly_once) == expected  # type: ignore[arg-type]
 
 
 def test_configuration_is_frozen(tmp_path: Path) -> None:
