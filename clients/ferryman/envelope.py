@@ -157,9 +157,10 @@ def batch_of(run: RecordRun) -> envelope_pb2.RecordBatch:
     keys, null_keys = _null_split(run.keys)
     values, null_values = _null_split(run.values)
     offsets = run.offsets
+    no_hole = consecutive(offsets)
     batch = envelope_pb2.RecordBatch(
-        base_offset=offsets[0] if consecutive(offsets) else 0,
-        offsets=() if consecutive(offsets) else offsets,
+        base_offset=offsets[0] if no_hole else 0,
+        offsets=() if no_hole else offsets,
         timestamps_ms=run.timestamps_ms,
         timestamp_types=run.timestamp_types,  # type: ignore[arg-type]  # ints are the enum's values
         keys=keys,  # type: ignore[arg-type]  # no None left: _null_split replaced them

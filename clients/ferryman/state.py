@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from ferryman.envelope import consecutive
 from ferryman.errors import KafkaOperationError
 from ferryman.topics import watermark_offsets
 from ferryman.v1 import envelope_pb2, state_pb2
@@ -35,17 +36,15 @@ def offset_mapping(
     Consecutive source offsets (the usual case) are stored as their first one
     and a count; others are listed. Read them back with mapped_source_offsets.
     """
-    n = len(source_offsets)
-    first = source_offsets[0]
-    listed = source_offsets[-1] - first != n - 1  # strictly increasing: the ends tell
+    listed = not consecutive(source_offsets)
     return state_pb2.OffsetMapping(
         source=source,
         destination_topic=destination_topic,
         destination_partition=source.partition,
         first_destination_offset=first_destination_offset,
         source_offsets=source_offsets if listed else (),
-        first_source_offset=0 if listed else first,
-        record_count=n,
+        first_source_offset=0 if listed else source_offsets[0],
+        record_count=len(source_offsets),
     )
 
 
