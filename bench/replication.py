@@ -285,15 +285,21 @@ def _audit_budget(records: int) -> float:
     return _AUDIT_BASE_S + records / _AUDIT_RECORDS_PER_S
 
 
+def _preloaded_topic(cfg: BenchConfig, source: str, topic: str, records: int) -> tuple[list[int], PreloadResult]:
+    """Create ``topic`` on the source and fill it with ``records`` bench records; return the per-partition counts."""
+    counts = split_counts(records, cfg.partitions)
+    _create_topic(source, topic, cfg.partitions)
+    loaded = preload(
+        source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(records)
+    )
+    return counts, loaded
+
+
 def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[int], base: Path) -> Stage:
     """Preload the source topic, check it, and warm both brokers."""
     run_id = uuid.uuid4().hex[:6]
     topic = f"bench-{run_id}"
-    counts = split_counts(cfg.records, cfg.partitions)
-    _create_topic(source, topic, cfg.partitions)
-    loaded: PreloadResult = preload(
-        source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(cfg.records)
-    )
+    counts, loaded = _preloaded_topic(cfg, source, topic, cfg.records)
     _log(f"preloaded {topic}: {loaded.records:,} records in {loaded.seconds:.1f} s ({loaded.processes} processes)")
     check = audit(source, topic, counts, _audit_budget(cfg.records))
     t = check.tally
@@ -323,11 +329,7 @@ def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
     """
     run_id = uuid.uuid4().hex[:6]
     topic = f"bench-{run_id}-rehearsal"
-    counts = split_counts(cfg.rehearsal_records, cfg.partitions)
-    _create_topic(stage.source, topic, cfg.partitions)
-    preload(
-        stage.source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(sum(counts))
-    )
+    counts, _loaded = _preloaded_topic(cfg, stage.source, topic, cfg.rehearsal_records)
     rehearsal = Stage(run_id, stage.source, stage.destination, topic, counts, [], stage.work_dir / "rehearsal")
     short = replace(cfg, latency_duration_s=min(cfg.latency_duration_s, _REHEARSAL_LATENCY_S))
     for name in cfg.rows:

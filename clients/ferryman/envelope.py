@@ -262,14 +262,20 @@ def encode(
     """
     if not len(run):
         raise ValueError("an envelope needs at least one record")
-    return encode_batch(
+    return wrap_payload(
         source,
         previous_offset,
-        batch_of(run),
+        payload_of(run),
+        len(run),
         wrapper_id=wrapper_id,
         wrapper_epoch=wrapper_epoch,
         trace_context=trace_context,
     )
+
+
+def payload_of(run: RecordRun) -> bytes:
+    """The serialized columnar RecordBatch of a run: what an envelope's records field holds."""
+    return batch_of(run).SerializeToString()
 
 
 def encode_batch(

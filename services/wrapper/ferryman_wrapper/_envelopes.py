@@ -124,15 +124,16 @@ def build_envelopes(
 
     def payload(lo: int, hi: int) -> bytes:
         whole = lo == 0 and hi == n
-        run = RecordRun(
-            offsets=offsets if whole else offsets[lo:hi],
-            timestamps_ms=stamps if whole else stamps[lo:hi],
-            timestamp_types=uniform_type or [known.get(t, 0) for t in types[lo:hi]],
-            keys=keys if whole else keys[lo:hi],
-            values=values if whole else values[lo:hi],
-            headers=[(i - lo, h) for i in range(lo, hi) if (h := header_column[i])] if has_headers else (),
+        return envelope.payload_of(
+            RecordRun(
+                offsets=offsets if whole else offsets[lo:hi],
+                timestamps_ms=stamps if whole else stamps[lo:hi],
+                timestamp_types=uniform_type or [known.get(t, 0) for t in types[lo:hi]],
+                keys=keys if whole else keys[lo:hi],
+                values=values if whole else values[lo:hi],
+                headers=[(i - lo, h) for i in range(lo, hi) if (h := header_column[i])] if has_headers else (),
+            )
         )
-        return envelope.batch_of(run).SerializeToString()
 
     def built(lo: int, hi: int, data: bytes, prev: int) -> BuiltEnvelope:
         value = envelope.wrap_payload(source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch)
