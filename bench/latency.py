@@ -7,6 +7,12 @@ timestamp (CreateTime, set by the producer at ``produce()``), both on this machi
 It therefore includes the producer's own linger, the replicator and, for the
 exactly-once rows, the wait for the transaction commit. Every visible copy is
 counted (an at-least-once row's duplicates too).
+
+The generator and the reader share the machine with the replicator and both
+clusters, so the phase also records how busy the whole machine was and what the
+generator and the reader cost: a latency taken on a saturated machine measures
+queueing for CPU, not the replicator. ``measure`` with the source topic as its
+own destination (no replicator) gives the floor of the measurement itself.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+import psutil
 from confluent_kafka import KafkaException
 
 from bench.loader import LoadProducer
@@ -48,11 +56,37 @@ class LatencyResult:
     p99_ms: float
     max_ms: float
     error: str | None = None
+    machine_busy_cores: float = math.nan
+    """Cores the whole machine kept busy on average (every process), from the first
+    record visible to the last."""
+    generator_cores: float = math.nan
+    """Cores of the process offering the load (its producer threads included), while offering."""
+    reader_cores: float = math.nan
+    """Cores of the bench's own process from the first record visible to the last: the
+    read_committed reader stamping every record, its consumer threads, the bench's samplers."""
 
     @property
     def complete(self) -> bool:
         """Every offered record became visible."""
         return self.visible == self.records
+
+    @property
+    def rig_cores(self) -> float:
+        """Cores the generator and the reader took from the replicator's share of the machine."""
+        return self.generator_cores + self.reader_cores
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """A sample of the machine's busy CPU seconds and the bench process's CPU seconds."""
+
+    at: float
+    machine_s: float
+    own_s: float
+
+    @classmethod
+    def now(cls) -> _Usage:
+        return cls(time.monotonic(), _busy_cpu_s(psutil.cpu_times()), time.process_time())
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -64,11 +98,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float, value_bytes: int) -> float:
+def _busy_cpu_s(times: Any) -> float:
+    """Busy CPU seconds of a ``psutil.cpu_times()`` sample: user, nice, system and interrupts.
+
+    Not idle or I/O wait, nor steal (another VM ran); guest time is already in user.
+    """
+    return float(sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")))
+
+
+def offer(
+    bootstrap: str, topic: str, partitions: int, records: int, rate: float, value_bytes: int
+) -> tuple[float, float]:
     """Produce ``records`` to ``topic`` round-robin over partitions at ``rate`` per second.
 
     Returns:
-        The rate achieved (lower than ``rate`` if this process could not keep up).
+        The rate achieved (lower than ``rate`` if this process could not keep up), and
+        this process's CPU seconds (all its threads) while offering.
 
     Raises:
         KafkaException: a record was not delivered.
@@ -83,6 +128,7 @@ def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float
     # Connection and metadata first: the first records must not carry the producer's start-up.
     producer.list_topics(topic, timeout=_FLUSH_BUDGET_S)
     pad = padding(value_bytes)
+    cpu_start = time.process_time()
     start = time.monotonic()
     i = 0
     while i < records:
@@ -100,7 +146,7 @@ def offer(bootstrap: str, topic: str, partitions: int, records: int, rate: float
         producer.poll(_PACING_TICK_S)  # pacing of the offered load, not synchronisation
     elapsed = time.monotonic() - start
     load.finish(_FLUSH_BUDGET_S)
-    return records / elapsed if elapsed > 0 else math.inf
+    return (records / elapsed if elapsed > 0 else math.inf), time.process_time() - cpu_start
 
 
 def measure(
@@ -116,24 +162,36 @@ def measure(
 ) -> LatencyResult:
     """Offer ``rate`` records/s for ``seconds`` and measure their end-to-end latency.
 
+    The machine's load is taken from the first record visible until the reader stops
+    (right after the last is visible), so neither the generator's start-up nor the
+    replicator's idle time before the load counts.
+
     The replicator must already follow ``source_topic`` (which must be empty) and
-    be caught up, so that only the offered records are in flight.
+    be caught up, so that only the offered records are in flight. With ``destination``
+    and ``destination_topic`` naming the source itself, nothing replicates: the
+    latency measured is that of the generator, the source broker and the reader.
     """
     records = max(1, int(rate * seconds))
     counts = split_counts(records, partitions)
     deadline = time.monotonic() + seconds + _FLUSH_BUDGET_S + _DRAIN_BUDGET_S
-    watcher = LiveWatcher(destination, destination_topic, counts, deadline, latency=True)
+    first: list[_Usage] = []
+    watcher = LiveWatcher(
+        destination, destination_topic, counts, deadline, latency=True, on_first=lambda: first.append(_Usage.now())
+    )
     error: str | None = None
-    achieved = math.nan
+    achieved = generator_cpu_s = math.nan
     try:
         # The load comes from its own process, so the watcher never waits for the GIL.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            achieved = pool.submit(offer, source, source_topic, partitions, records, rate, value_bytes).result()
+            offered = pool.submit(offer, source, source_topic, partitions, records, rate, value_bytes)
+            achieved, generator_cpu_s = offered.result()
         watcher.done.wait(max(0.0, deadline - time.monotonic()))
     except KafkaException as exc:
         error = f"offered load: {exc}"
     finally:
         watcher.stop(_WATCHER_STOP_BUDGET_S)
+    last = _Usage.now()
+    window = last.at - first[0].at if first else 0.0
     lat = watcher.latencies_ms
     return LatencyResult(
         offered_rate=rate,
@@ -145,4 +203,7 @@ def measure(
         p99_ms=percentile(lat, 99),
         max_ms=max(lat) if lat else math.nan,
         error=error or watcher.error,
+        machine_busy_cores=(last.machine_s - first[0].machine_s) / window if window > 0 else math.nan,
+        generator_cores=generator_cpu_s * achieved / records,
+        reader_cores=(last.own_s - first[0].own_s) / window if window > 0 else math.nan,
     )

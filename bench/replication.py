@@ -48,6 +48,7 @@ import confluent_kafka
 from ferryman_local import LocalCluster, start_clusters
 
 from bench.errors import BenchError
+from bench.latency import LatencyResult
 from bench.latency import measure as measure_latency
 from bench.measure import TreeSampler
 from bench.preload import PreloadResult, preload
@@ -541,6 +542,30 @@ def _measure(
     _log(f"{row.name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms")
 
 
+def _latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult:
+    """The latency phase with nothing replicating: the reader follows the source topic itself.
+
+    Same offered load, generator and reader as the rows' latency phases, so this is
+    the floor every row's figure stands on, and how much of the machine the
+    measurement itself takes.
+    """
+    topic = f"{stage.topic}-lat-floor"
+    _create_topic(stage.source, topic, cfg.partitions)
+    _log(f"latency floor (no replicator): {rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
+    lat = measure_latency(
+        stage.source,
+        stage.source,
+        topic,
+        topic,
+        partitions=cfg.partitions,
+        rate=rate,
+        seconds=cfg.latency_duration_s,
+        value_bytes=cfg.value_bytes,
+    )
+    _log(f"latency floor: p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms; load and reader {lat.rig_cores:.2f} cores")
+    return lat
+
+
 def _record_peak_rss(result: RowResult, sampler: TreeSampler) -> None:
     sampler.stop()
     if result.throughput is not None:
@@ -564,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     clusters: list[LocalCluster] = []
     results: list[RowResult] = []
+    floor: LatencyResult | None = None
     stage: Stage | None = None
     try:
         if cfg.source and cfg.destination:
@@ -587,6 +613,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rate is None:  # half-ferryman: ferryman ran first and offered half its own rate to itself
                 rate = result.latency.offered_rate if result.latency is not None else _DEFAULT_LATENCY_RATE
                 _log(f"latency phases offer {rate:,.0f} rec/s")
+        if cfg.latency_duration_s > 0 and rate is not None:
+            floor = _latency_floor(cfg, stage, rate)
     finally:
         for c in clusters:
             c.stop()
@@ -596,11 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {cfg.partitions} partitions"
     lat_title = f"End-to-end latency ({cfg.latency_duration_s:.0f} s of offered load, read_committed)"
     print()
-    print_tables([(tp_title, *throughput_table(results)), (lat_title, *latency_table(results))])
-    for line in footnotes(results):
+    print_tables([(tp_title, *throughput_table(results)), (lat_title, *latency_table(results, floor))])
+    for line in footnotes(results, floor):
         print(line)
     if cfg.json_path:
-        write_json(cfg.json_path, _describe(cfg, stage), results)
+        write_json(cfg.json_path, _describe(cfg, stage), results, floor)
         _log(f"raw figures in {cfg.json_path}")
     return 1 if any(r.status == "FAILED" for r in results) else 0
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.latency import LatencyResult
 from bench.results import SHORT_WINDOW_SHARE, RowResult
 
 try:  # rich is a development dependency; plain text without it
@@ -96,33 +98,64 @@ def throughput_table(results: Sequence[RowResult]) -> tuple[list[str], list[list
     return header, cells
 
 
-def latency_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of the latency table."""
-    header = ["row", "offered rec/s", "achieved rec/s", "records", "visible", "dups", "p50 ms", "p99 ms", "max ms"]
-    cells = []
-    for r in results:
-        lat = r.latency
-        if lat is None:
-            continue
-        cells.append(
-            [
-                r.row,
-                _fmt(lat.offered_rate),
-                _fmt(lat.achieved_rate),
-                _fmt(lat.records),
-                _fmt(lat.visible),
-                str(lat.duplicates),
-                _fmt(lat.p50_ms, ".1f"),
-                _fmt(lat.p99_ms, ".1f"),
-                _fmt(lat.max_ms, ".1f"),
-            ]
-        )
+#: Name of the latency table's line measured with nothing replicating.
+FLOOR_ROW = "(no replicator)"
+#: A latency phase that kept the machine this busy (share of its cores) measured queueing for CPU.
+SATURATED_SHARE = 0.9
+
+
+def latency_table(
+    results: Sequence[RowResult], floor: LatencyResult | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the latency table; ``floor`` (nothing replicating) comes last."""
+    header = [
+        "row",
+        "offered rec/s",
+        "achieved rec/s",
+        "records",
+        "visible",
+        "dups",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "machine busy cores",
+        "load+reader cores",
+    ]
+    named = [(r.row, r.latency) for r in results if r.latency is not None]
+    if floor is not None:
+        named.append((FLOOR_ROW, floor))
+    cells = [
+        [
+            name,
+            _fmt(lat.offered_rate),
+            _fmt(lat.achieved_rate),
+            _fmt(lat.records),
+            _fmt(lat.visible),
+            str(lat.duplicates),
+            _fmt(lat.p50_ms, ".1f"),
+            _fmt(lat.p99_ms, ".1f"),
+            _fmt(lat.max_ms, ".1f"),
+            f"{_fmt(lat.machine_busy_cores, '.2f')}/{os.cpu_count()}",
+            _fmt(lat.rig_cores, ".2f"),
+        ]
+        for name, lat in named
+    ]
     return header, cells
 
 
-def footnotes(results: Sequence[RowResult]) -> list[str]:
+def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) -> list[str]:
     """What the marks in the tables mean, and why rows failed or were unavailable."""
     lines = []
+    cores = os.cpu_count() or 1
+    latencies = [r.latency for r in results if r.latency is not None] + ([floor] if floor else [])
+    if any(lat.machine_busy_cores >= SATURATED_SHARE * cores for lat in latencies):
+        lines.append(
+            f"latency: a phase that kept the machine {SATURATED_SHARE:.0%} busy or more measured queueing for "
+            "CPU as much as the replicator; 'load+reader cores' is the measurement's own share, and "
+            f"{FLOOR_ROW} the latency of the load and the reader alone."
+        )
+    if floor is not None and (not floor.complete or floor.error):
+        lines.append(f"{FLOOR_ROW}: {floor.visible:,} of {floor.records:,} visible ({floor.error or 'timeout'})")
     if any(r.throughput and r.throughput.short_window for r in results):
         lines.append(
             f"{_SHORT} the steady window (first to last record visible) is under {SHORT_WINDOW_SHARE:.0%} of the "
@@ -167,7 +200,7 @@ def print_tables(tables: Sequence[tuple[str, list[str], list[list[str]]]]) -> No
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        for name in ("complete", "short_window"):
+        for name in ("complete", "short_window", "rig_cores"):
             if hasattr(obj, name):
                 out[name] = getattr(obj, name)
         return out
@@ -182,7 +215,10 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def write_json(path: Path, run: Mapping[str, Any], results: Sequence[RowResult]) -> None:
-    """Write the raw figures of the run (``run`` describes its set-up)."""
+def write_json(
+    path: Path, run: Mapping[str, Any], results: Sequence[RowResult], floor: LatencyResult | None = None
+) -> None:
+    """Write the raw figures of the run (``run`` describes its set-up; ``floor``: nothing replicating)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**_jsonable(run), "rows": _jsonable(list(results))}, indent=2) + "\n")
+    figures = {**_jsonable(run), "rows": _jsonable(list(results)), "latency_floor": _jsonable(floor)}
+    path.write_text(json.dumps(figures, indent=2) + "\n")
