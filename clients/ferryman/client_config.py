@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
+from confluent_kafka import KafkaException, Producer
+
 from ferryman.config import ClusterConfig
+
+_log = logging.getLogger(__name__)
+
+#: How long a new producer may wait for its first broker connection before it is
+#: used anyway (it then connects, and asks for its producer id, on its own).
+PRODUCER_CONNECT_BUDGET_S = 5.0
 
 
 def base_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
@@ -36,3 +46,28 @@ def streaming_consumer_config(cluster: ClusterConfig, client_id: str) -> dict[st
 def admin_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
     """AdminClient properties."""
     return base_config(cluster, client_id)
+
+
+def connected_producer(conf: Mapping[str, Any], topic: str, budget_s: float = PRODUCER_CONNECT_BUDGET_S) -> Producer:
+    """A Producer whose first broker connection is up before it is used.
+
+    An idempotent or transactional producer asks for its producer id as soon as
+    it starts; with no broker connected yet, librdkafka backs off 500 ms before
+    asking again. Measured here: ``init_transactions()`` took 516-525 ms on a
+    fresh producer and 9-11 ms after a one-topic metadata request (55-75 ms),
+    and an idempotent producer's first delivery 506-519 ms against 2-3 ms. So
+    every start, and every rebuild after a fence or a fatal error, lost half a
+    second. A metadata request for one topic (``topic`` need not exist) waits
+    for the first connection.
+
+    Best effort: if no broker answers within ``budget_s`` the producer is
+    returned anyway, exactly as librdkafka would have left it.
+    """
+    producer = Producer(dict(conf))
+    try:
+        producer.list_topics(topic, timeout=budget_s)
+    except KafkaException as exc:
+        _log.warning(
+            "producer %s: no broker answered within %.0f s (%s); going on", conf.get("client.id"), budget_s, exc
+        )
+    return producer

@@ -146,6 +146,8 @@ def test_topic_specs_reach_the_deduper_over_the_link_without_source_access(
     # re-read of the spec topic, first due _SPEC_SYNC_INTERVAL_S after the deduper's loop starts
     # (an envelope would be a third, but the source topic is empty). Created sooner than that
     # after "starting", the spec came over the link.
+    # The topic can be seen before the deduper has logged creating it.
+    pair.deduper.wait_for_log(f"created topic {dest} with 5 partitions", START_TIMEOUT_S)
     started = log_time(pair.deduper, "deduper d1 starting")
     connected = log_time(pair.deduper, f"wrapper {pair.flow}-w1 connected over the control link")
     created = log_time(pair.deduper, f"created topic {dest} with 5 partitions")

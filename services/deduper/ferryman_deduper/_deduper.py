@@ -47,7 +47,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, topics
-from ferryman.client_config import base_config, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
 from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
@@ -190,7 +190,7 @@ class Deduper:
         if self._eos:
             conf["transactional.id"] = self._transactional_id
             conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
-        return Producer(conf)
+        return connected_producer(conf, self._names.staging_topic)
 
     def _on_producer_error(self, err: KafkaError) -> None:
         # A fatal error makes later calls fail with a generic _FATAL code; keep

@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, protocol, topics
-from ferryman.client_config import base_config, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
@@ -132,7 +132,7 @@ class Wrapper:
                 "error_cb": self._on_producer_error,
             }
         )
-        return Producer(conf)
+        return connected_producer(conf, self._names.staging_topic)
 
     def _make_consumer(self) -> Consumer:
         conf = streaming_consumer_config(self._source, f"{self.wrapper_id}-source")

@@ -1,0 +1,80 @@
+"""The bench's latency report: the machine's load beside each figure, and the no-replicator floor."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from bench.latency import LatencyResult, percentile
+from bench.report import FLOOR_ROW, footnotes, latency_table, write_json
+from bench.results import RowResult
+
+
+def _latency(*, busy: float, generator: float = 0.4, reader: float = 0.3, visible: int = 1000) -> LatencyResult:
+    return LatencyResult(
+        offered_rate=150_000.0,
+        achieved_rate=149_990.0,
+        records=1000,
+        visible=visible,
+        duplicates=0,
+        p50_ms=180.0,
+        p99_ms=420.0,
+        max_ms=510.0,
+        machine_busy_cores=busy,
+        generator_cores=generator,
+        reader_cores=reader,
+    )
+
+
+def _row(name: str, lat: LatencyResult) -> RowResult:
+    result = RowResult(name, exactly_once=True)
+    result.latency = lat
+    return result
+
+
+def test_the_load_and_the_reader_are_counted_as_the_rigs_share() -> None:
+    assert _latency(busy=1.2, generator=0.42, reader=0.33).rig_cores == 0.42 + 0.33
+
+
+def test_the_floor_is_the_last_line_and_every_line_shows_the_machines_load() -> None:
+    header, cells = latency_table([_row("ferryman", _latency(busy=1.5))], _latency(busy=1.1))
+    assert [c[0] for c in cells] == ["ferryman", FLOOR_ROW]
+    busy, rig = header.index("machine busy cores"), header.index("load+reader cores")
+    assert cells[0][busy] == f"1.50/{os.cpu_count()}"
+    assert cells[1][busy] == f"1.10/{os.cpu_count()}"
+    assert cells[0][rig] == "0.70"
+
+
+def test_without_a_floor_only_the_rows_are_listed() -> None:
+    _header, cells = latency_table([_row("copyloop", _latency(busy=1.0))])
+    assert [c[0] for c in cells] == ["copyloop"]
+
+
+def test_a_saturated_phase_is_flagged_and_a_quiet_one_is_not() -> None:
+    cores = os.cpu_count() or 1
+    saturated = footnotes([_row("ferryman", _latency(busy=0.95 * cores))])
+    quiet = footnotes([_row("ferryman", _latency(busy=0.5 * cores))])
+    assert any("queueing for CPU" in line for line in saturated)
+    assert not any("queueing for CPU" in line for line in quiet)
+
+
+def test_an_incomplete_floor_is_reported() -> None:
+    lines = footnotes([], _latency(busy=0.1, visible=900))
+    assert any(line.startswith(FLOOR_ROW) and "900 of 1,000 visible" in line for line in lines)
+
+
+def test_the_raw_figures_hold_the_floor_and_the_rigs_share(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    write_json(out, {"topic": "t"}, [_row("ferryman", _latency(busy=1.5))], _latency(busy=1.1))
+    figures = json.loads(out.read_text())
+    assert figures["latency_floor"]["machine_busy_cores"] == 1.1
+    assert figures["rows"][0]["latency"]["rig_cores"] == 0.7
+    assert figures["topic"] == "t"
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([], 99) != percentile([], 99)  # NaN
