@@ -25,7 +25,6 @@ transactional.id stops this process.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import logging
 import operator
@@ -1036,13 +1035,17 @@ class Deduper:
         if not self._restoring:
             return
         parts = sorted(self._restoring)
-        positions = self._restore(parts)
-        tps = [TopicPartition(self._names.staging_topic, sp, positions[sp]) for sp in parts]
-        for tp in tps:
-            # A partition not fetching yet refuses the seek; it then starts from
-            # the same committed offset (librdkafka asks for stable offsets).
-            with contextlib.suppress(KafkaException):
-                self._consumer.seek(tp)
+        self._restore(parts)
+        # No seek to the restored positions: the consumer starts a newly assigned
+        # partition at its committed offset, which it reads as _restore did (stable
+        # offsets, since it is read_committed), or at the log start when there is
+        # none (auto.offset.reset). A seek while that start is still being resolved
+        # restarts the resolution behind librdkafka's backoff: measured here, the
+        # first message came 0.08-0.58 s after resume with a seek to the beginning,
+        # 0.08-1.08 s with a seek to an absolute offset, and 0.17 s without a seek.
+        # Whatever position it starts from, the watermark drops what is already
+        # written and the envelope chain reports anything skipped as a gap.
+        tps = [TopicPartition(self._names.staging_topic, sp) for sp in parts]
         self._consumer.resume(tps)
         self._restoring.clear()
         self._owned.update(parts)
