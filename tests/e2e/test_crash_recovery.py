@@ -6,18 +6,29 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from confluent_kafka import Producer
 
 from tests.helpers.grpc_clients import deduper_status, local
-from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, flow_config, running_flow, write_config, write_flow_config
 
 pytestmark = pytest.mark.e2e
 
 PARTITIONS = 4
+
+
+class _FlowConfigBase(TypedDict):
+    """The ``flow_config`` arguments two dedupers of one flow share."""
+
+    source_bootstrap: str
+    destination_bootstrap: str
+    flow: str
+    topics: Sequence[str]
 
 
 class SequenceProducer(threading.Thread):
@@ -52,7 +63,7 @@ class SequenceProducer(threading.Thread):
 
 
 def test_kill_9_wrapper_and_deduper_three_times_each(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     rng = random.Random(20261122)
     topics = [unique_name(f"crash{i}") for i in range(2)]
@@ -95,7 +106,7 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
 
 
 def test_second_deduper_with_same_identity_is_fenced(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     topic = unique_name("fence")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
@@ -131,7 +142,7 @@ def test_second_deduper_with_same_identity_is_fenced(
 
 
 def test_deduper_fenced_while_a_revoke_commits_its_transaction_neither_hangs_nor_duplicates(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     """The commit made inside the revoke callback fails (fenced) and must be recovered from the loop.
 
@@ -150,7 +161,7 @@ def test_deduper_fenced_while_a_revoke_commits_its_transaction_neither_hangs_nor
     topic = unique_name("revoke-fence")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     flow = unique_name("flow")
-    common = {
+    common: _FlowConfigBase = {
         "source_bootstrap": source_cluster.bootstrap_servers,
         "destination_bootstrap": destination_cluster.bootstrap_servers,
         "flow": flow,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,9 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
                 value = None  # tombstone
             elif i % 13 == 0:
                 value = b""  # empty, not null
-            headers = [("h", b"1"), ("h", b"2"), ("n", None), ("e", b"")] if i % 5 == 0 else None
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                [("h", b"1"), ("h", b"2"), ("n", None), ("e", b"")] if i % 5 == 0 else None
+            )
             if i == per_partition // 2:
                 value = bytes([part % 256]) * NEAR_LIMIT_BYTES
             while True:
@@ -53,7 +56,9 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
     return n
 
 
-def test_exact_copy_of_every_record_shape(source_cluster, destination_cluster, unique_name, tmp_path: Path) -> None:
+def test_exact_copy_of_every_record_shape(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topics = [unique_name(f"mixed{i}") for i in range(3)]
     total = 0
     for t in topics:
@@ -86,7 +91,7 @@ def test_exact_copy_of_every_record_shape(source_cluster, destination_cluster, u
 
 
 def test_aborted_source_transactions_are_never_replicated(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     topic = unique_name("txn")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
@@ -114,7 +119,9 @@ def test_aborted_source_transactions_are_never_replicated(
         assert any(b.offset - a.offset > 1 for recs in src.values() for a, b in itertools.pairwise(recs))
 
 
-def test_compacted_source_with_offset_gaps(source_cluster, destination_cluster, unique_name, tmp_path: Path) -> None:
+def test_compacted_source_with_offset_gaps(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topic = unique_name("compact")
     create_topic(
         source_cluster.bootstrap_servers,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, running_flow, write_flow_config
 
 pytestmark = pytest.mark.integration
@@ -20,11 +23,13 @@ def _produce(bootstrap: str, topic: str, partitions: int, start: int, count: int
     assert p.flush(30) == 0
 
 
-def _count(recs: dict[int, list[object]]) -> int:
+def _count(recs: Mapping[int, Sequence[object]]) -> int:
     return sum(len(v) for v in recs.values())
 
 
-def test_new_topics_and_partition_growth_are_followed(source_cluster, destination_cluster, unique_name, tmp_path):
+def test_new_topics_and_partition_growth_are_followed(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     prefix = unique_name("grow")
     first = f"{prefix}-a"
     create_topic(source_cluster.bootstrap_servers, first, 2)
@@ -47,7 +52,9 @@ def test_new_topics_and_partition_growth_are_followed(source_cluster, destinatio
         assert len(dadmin.list_topics(f"src.{first}", timeout=10).topics[f"src.{first}"].partitions) == 4
 
 
-def test_recreated_source_topic_is_noticed_and_replicated(source_cluster, destination_cluster, unique_name, tmp_path):
+def test_recreated_source_topic_is_noticed_and_replicated(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topic = unique_name("recreate")
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     _produce(source_cluster.bootstrap_servers, topic, 2, 0, 100)
@@ -66,7 +73,9 @@ def test_recreated_source_topic_is_noticed_and_replicated(source_cluster, destin
         f.deduper.wait_for_log("was re-created", 30)
 
 
-def test_staging_topic_with_wrong_shape_fails_fast(source_cluster, destination_cluster, unique_name, tmp_path):
+def test_staging_topic_with_wrong_shape_fails_fast(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     flow = unique_name("flow")
     create_topic(destination_cluster.bootstrap_servers, f"ferryman.{flow}.staging.internal", 3)
     cfg = write_flow_config(
@@ -80,8 +89,8 @@ def test_staging_topic_with_wrong_shape_fails_fast(source_cluster, destination_c
 
 
 def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
-    source_cluster, destination_cluster, unique_name, tmp_path
-):
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topic = unique_name("lost")
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     _produce(source_cluster.bootstrap_servers, topic, 2, 0, 200)
@@ -111,8 +120,8 @@ def test_lost_wrapper_offsets_resume_from_deduper_watermarks(
 
 
 def test_kafka_reo_environment_variables_are_a_complete_configuration(
-    source_cluster, destination_cluster, unique_name, tmp_path
-):
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     src_topic = unique_name("reo-src")
     dst_topic = unique_name("reo-dst")
     create_topic(source_cluster.bootstrap_servers, src_topic, 2)
@@ -145,7 +154,9 @@ def test_kafka_reo_environment_variables_are_a_complete_configuration(
             service.terminate()
 
 
-def test_gap_in_staging_is_reported_and_held_not_skipped(source_cluster, destination_cluster, unique_name, tmp_path):
+def test_gap_in_staging_is_reported_and_held_not_skipped(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topic = unique_name("gap")
     create_topic(source_cluster.bootstrap_servers, topic, 1)
     flow = unique_name("flow")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from ferryman.state import PartitionKey, mapped_source_offsets
 from ferryman.v1 import state_pb2
 
-from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all
+from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, produce_sequences, read_all
 from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
@@ -16,8 +17,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("transactional", [True, False], ids=["offsets-with-holes", "consecutive-offsets"])
 def test_offset_map_maps_every_record_exactly(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path, transactional: bool
-):
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    transactional: bool,
+) -> None:
     topic = unique_name("omap")
     create_topic(source_cluster.bootstrap_servers, topic, 3)
     # Transactional source: markers leave gaps in source offsets, so the map is not an identity shift and
@@ -62,8 +67,8 @@ def test_offset_map_maps_every_record_exactly(
     for recs in read_all(destination_cluster.bootstrap_servers, f"ferryman.{flow}.state.internal").values():
         for rec in recs:  # in offset order: the last record of a key is its latest state
             assert rec.key is not None and rec.value is not None
-            _cluster, key = PartitionKey.decode(rec.key)
-            states[key.partition] = state_pb2.WatermarkState.FromString(rec.value)
+            _cluster, state_key = PartitionKey.decode(rec.key)
+            states[state_key.partition] = state_pb2.WatermarkState.FromString(rec.value)
     assert set(states) == {0, 1, 2}
     for p, st in states.items():
         assert st.watermark == max(so for (q, so) in src_by_offset if q == p)
@@ -71,8 +76,8 @@ def test_offset_map_maps_every_record_exactly(
 
 
 def test_without_offset_map_the_copy_is_exact_and_states_name_no_destination_offset(
-    source_cluster, destination_cluster, unique_name, tmp_path: Path
-):
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     topic = unique_name("nomap")
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     produce_sequences(source_cluster.bootstrap_servers, topic, 2, 500)

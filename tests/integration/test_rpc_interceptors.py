@@ -27,11 +27,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import SecretStr
 
+from tests.helpers.grpc_clients import CALL_TIMEOUT_S, DEDUPER_SERVICE, NOT_SERVING
 from tests.integration.test_rpc_server import (
-    CALL_TIMEOUT_S,
-    DEDUPER_SERVICE,
-    NOT_SERVING,
     Requests,
     health_of,
     hello,
@@ -43,6 +42,11 @@ from tests.integration.test_rpc_server import (
 pytestmark = pytest.mark.integration
 
 TOKEN = "s3cret-token"
+
+
+def _secret(token: str | None) -> SecretStr | None:
+    """token as RpcConfig stores it (pydantic turns a str into the same SecretStr)."""
+    return None if token is None else SecretStr(token)
 
 
 def _connect(channel: grpc.Channel, requests: Requests) -> Iterator[object]:
@@ -62,8 +66,8 @@ def _connect(channel: grpc.Channel, requests: Requests) -> Iterator[object]:
 )
 def test_token_auth_on_unary_calls(client_token: str | None, accepted: bool) -> None:
     with (
-        running_server(RpcConfig(auth_token=TOKEN)) as (server, servicer),
-        open_channel(f"127.0.0.1:{server.port}", RpcConfig(auth_token=client_token)) as channel,
+        running_server(RpcConfig(auth_token=SecretStr(TOKEN))) as (server, servicer),
+        open_channel(f"127.0.0.1:{server.port}", RpcConfig(auth_token=_secret(client_token))) as channel,
     ):
         if accepted:
             assert status_call(channel).flow == "test-flow"
@@ -78,8 +82,8 @@ def test_token_auth_on_unary_calls(client_token: str | None, accepted: bool) -> 
 @pytest.mark.parametrize(("client_token", "accepted"), [(TOKEN, True), (None, False), ("wrong", False)])
 def test_token_auth_on_bidi_streams(client_token: str | None, accepted: bool) -> None:
     with (
-        running_server(RpcConfig(auth_token=TOKEN)) as (server, servicer),
-        open_channel(f"127.0.0.1:{server.port}", RpcConfig(auth_token=client_token)) as channel,
+        running_server(RpcConfig(auth_token=SecretStr(TOKEN))) as (server, servicer),
+        open_channel(f"127.0.0.1:{server.port}", RpcConfig(auth_token=_secret(client_token))) as channel,
     ):
         requests = Requests(hello(), progress(7))
         requests.close()
@@ -96,7 +100,7 @@ def test_token_auth_on_bidi_streams(client_token: str | None, accepted: bool) ->
 
 def test_health_and_reflection_stay_open_without_a_token() -> None:
     with (
-        running_server(RpcConfig(auth_token=TOKEN)) as (server, _),
+        running_server(RpcConfig(auth_token=SecretStr(TOKEN))) as (server, _),
         open_channel(f"127.0.0.1:{server.port}", RpcConfig()) as channel,
     ):
         assert health_of(channel, DEDUPER_SERVICE) == NOT_SERVING
@@ -136,8 +140,10 @@ def test_handler_errors_map_to_precise_codes_with_error_info(
         with caplog.at_level(logging.WARNING, logger="ferryman.rpc"), pytest.raises(grpc.RpcError) as info:
             status_call(channel)
     assert info.value.code() == code
-    assert str(error) in info.value.details()
-    assert "Traceback" not in info.value.details()
+    details = info.value.details()
+    assert details is not None
+    assert str(error) in details
+    assert "Traceback" not in details
     detail = _error_info(info.value)
     assert (detail.reason, detail.domain) == (reason, ERROR_DOMAIN)
     assert detail.metadata["exception"].endswith(type(error).__name__)
@@ -186,7 +192,9 @@ def test_errors_raised_mid_stream_map_too(error: BaseException, code: grpc.Statu
             next(responses)
         requests.close()
     assert info.value.code() == code
-    assert str(error) in info.value.details()
+    details = info.value.details()
+    assert details is not None
+    assert str(error) in details
     err = rpc_error_from(info.value)
     assert (err.code, err.reason) == (code, reason)
     assert servicer.stream_ended.is_set()
@@ -362,7 +370,7 @@ def test_span_of_a_cancelled_stream_ends_when_the_handler_was_reading(
 def test_unauthenticated_calls_create_no_span(spans: tuple[TracerProvider, _SpanLog]) -> None:
     provider, log = spans
     with (
-        running_server(RpcConfig(auth_token=TOKEN), tracer_provider=provider) as (server, _),
+        running_server(RpcConfig(auth_token=SecretStr(TOKEN)), tracer_provider=provider) as (server, _),
         open_channel(f"127.0.0.1:{server.port}", RpcConfig()) as channel,
         pytest.raises(grpc.RpcError),
     ):

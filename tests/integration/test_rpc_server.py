@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypedDict, Unpack
 
 import grpc
 import pytest
@@ -165,7 +166,16 @@ def progress(offset: int = 41) -> control_pb2.ConnectRequest:
     )
 
 
-def status_call(channel: grpc.Channel, **kwargs: object) -> control_pb2.GetDeduperStatusResponse:
+class _CallOptions(TypedDict, total=False):
+    """Keyword arguments of a unary call that ``status_call`` passes on (besides its timeout)."""
+
+    metadata: tuple[tuple[str, str | bytes], ...] | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+def status_call(channel: grpc.Channel, **kwargs: Unpack[_CallOptions]) -> control_pb2.GetDeduperStatusResponse:
     stub = control_pb2_grpc.DeduperServiceStub(channel)
     response: control_pb2.GetDeduperStatusResponse = stub.GetDeduperStatus(
         control_pb2.GetDeduperStatusRequest(), timeout=CALL_TIMEOUT_S, **kwargs
@@ -175,7 +185,10 @@ def status_call(channel: grpc.Channel, **kwargs: object) -> control_pb2.GetDedup
 
 def health_of(channel: grpc.Channel, service: str) -> int:
     stub = health_pb2_grpc.HealthStub(channel)
-    response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT_S)
+    # The grpc_health stubs declare no methods on HealthStub (as in tests/helpers/grpc_clients.py).
+    response: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
+        health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT_S
+    )
     return response.status
 
 
@@ -222,7 +235,8 @@ def test_begin_drain_reports_every_service_not_serving_for_good_but_still_serves
 def test_health_watch_streams_changes_through_the_interceptors() -> None:
     """Watch is a callback-style handler; interceptors must let it through untouched."""
     with running_server() as (server, _), open_channel(_address(server), RpcConfig()) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(
+        # The grpc_health stubs declare no methods on HealthStub (as in tests/helpers/grpc_clients.py).
+        watch = health_pb2_grpc.HealthStub(channel).Watch(  # type: ignore[attr-defined]
             health_pb2.HealthCheckRequest(service=DEDUPER_SERVICE), timeout=CALL_TIMEOUT_S
         )
         try:

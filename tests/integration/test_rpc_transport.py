@@ -13,11 +13,12 @@ import pytest
 from ferryman.config import RpcConfig, TlsConfig
 from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.v1 import control_pb2_grpc
+from pydantic import SecretStr
 
 from tests.helpers.certs import TestPki, make_pki
+from tests.helpers.grpc_clients import CALL_TIMEOUT_S
 from tests.helpers.tcp_proxy import TcpProxy
 from tests.integration.test_rpc_server import (
-    CALL_TIMEOUT_S,
     Requests,
     hello,
     progress,
@@ -113,11 +114,11 @@ def test_mutual_tls_rejects_clients_without_a_trusted_certificate(pki: TestPki, 
 
 
 def test_tls_with_token_auth(pki: TestPki) -> None:
-    server_rpc = _server_tls(pki, mutual=True).model_copy(update={"auth_token": "tok"})
+    server_rpc = _server_tls(pki, mutual=True).model_copy(update={"auth_token": SecretStr("tok")})
     client_tls = _client_tls(pki.ca_cert, pki.client_cert, pki.client_key).tls
     with running_server(server_rpc) as (server, _):
         address = f"localhost:{server.port}"
-        with open_channel(address, RpcConfig(tls=client_tls, auth_token="tok")) as channel:
+        with open_channel(address, RpcConfig(tls=client_tls, auth_token=SecretStr("tok"))) as channel:
             assert status_call(channel).flow == "test-flow"
         with open_channel(address, RpcConfig(tls=client_tls)) as channel, pytest.raises(grpc.RpcError) as info:
             status_call(channel)
