@@ -72,7 +72,5 @@ def connected_producer(conf: Mapping[str, Any], topic: str, budget_s: float = PR
         for _bootstrap_then_broker in range(2):
             producer.list_topics(topic, timeout=budget_s)
     except KafkaException as exc:
-        _log.warning(
-            "producer %s: no broker answered within %.0f s (%s); going on", conf.get("client.id"), budget_s, exc
-        )
+        _log.warning("producer %s: no broker answered within %g s (%s); going on", conf.get("client.id"), budget_s, exc)
     return producer

@@ -6,7 +6,8 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS, streaming_consumer_config
+from confluent_kafka import Producer
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS, connected_producer, streaming_consumer_config
 from ferryman.config import ClusterConfig
 from ferryman.service import tune_gc
 
@@ -26,6 +27,15 @@ def test_a_clusters_client_config_overrides_the_streaming_defaults() -> None:
     assert conf["fetch.queue.backoff.ms"] == "100"
     assert conf["security.protocol"] == "SSL"
     assert conf["fetch.wait.max.ms"] == STREAMING_CONSUMER_DEFAULTS["fetch.wait.max.ms"]
+
+
+def test_a_producer_no_broker_answers_is_returned_and_the_wait_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing listens on port 1: both metadata requests time out, and the service goes on
+    # with the producer exactly as librdkafka would have left it.
+    producer = connected_producer({"bootstrap.servers": "127.0.0.1:1", "client.id": "w-1-staging"}, "t", budget_s=0.2)
+    assert isinstance(producer, Producer)
+    assert "producer w-1-staging: no broker answered within 0.2 s" in caplog.text
+    assert producer.flush(0) == 0
 
 
 @pytest.fixture
