@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,9 +69,10 @@ def connected_producer(conf: Mapping[str, Any], topic: str, budget_s: float = PR
     returned anyway, exactly as librdkafka would have left it.
     """
     producer = Producer(dict(conf))
+    deadline = time.monotonic() + budget_s
     try:
         for _bootstrap_then_broker in range(2):
-            producer.list_topics(topic, timeout=budget_s)
+            producer.list_topics(topic, timeout=max(0.0, deadline - time.monotonic()))
     except KafkaException as exc:
         _log.warning("producer %s: no broker answered within %g s (%s); going on", conf.get("client.id"), budget_s, exc)
     return producer
