@@ -47,8 +47,10 @@ def _consumer(bootstrap: str, *, eof: bool, isolation: str = "read_committed") -
             "enable.auto.offset.store": False,
             "isolation.level": isolation,
             "enable.partition.eof": eof,
-            # The broker answers a fetch as soon as there is data, or after 10 ms: visibility
-            # is stamped within ~10 ms of the records becoming readable (default 500 ms).
+            # The broker answers a fetch as soon as there is data (any amount, unlike the services'
+            # streaming consumers), or after 10 ms: visibility is stamped within ~10 ms of the
+            # records becoming readable (default 500 ms).
+            "fetch.min.bytes": 1,
             "fetch.wait.max.ms": 10,
         }
     )
