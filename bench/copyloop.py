@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 
 #: Records per consume() call: one Python/C crossing per batch.
 _CONSUME_BATCH = 10_000
@@ -90,13 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
-            # The services' streaming consumer settings (ferryman.client_config): fetches are
-            # answered once 64 KB are there, or after 20 ms at most (defaults: 1 byte, 500 ms).
-            "fetch.min.bytes": 65536,
-            "fetch.wait.max.ms": 20,
-            # A full prefetch queue (100 k records) pauses fetching for 1 s by default; the loop
-            # drains the queue far sooner, so re-check after 5 ms instead of idling.
-            "fetch.queue.backoff.ms": 5,
+            # The services' streaming consumer settings, with their reasons: fetches answered at
+            # 64 KB or after 20 ms, and no 1 s fetch pause on a full prefetch queue.
+            **STREAMING_CONSUMER_DEFAULTS,
         }
     )
 

@@ -527,19 +527,31 @@ def _measure(
         return
     if latency_rate is None:
         latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
-    _log(f"{row.name}: latency phase, {latency_rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
+    result.latency = _latency_phase(
+        cfg, row.name, stage.source, lat_topic, stage.destination, row.destination_topic(lat_topic), latency_rate
+    )
+
+
+def _latency_phase(
+    cfg: BenchConfig, label: str, source: str, topic: str, destination: str, destination_topic: str, rate: float
+) -> LatencyResult:
+    """Offer ``rate`` rec/s to ``topic`` for the configured time; time its records in ``destination_topic``."""
+    _log(f"{label}: latency phase, {rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
     lat = measure_latency(
-        stage.source,
-        stage.destination,
-        lat_topic,
-        row.destination_topic(lat_topic),
+        source,
+        destination,
+        topic,
+        destination_topic,
         partitions=cfg.partitions,
-        rate=latency_rate,
+        rate=rate,
         seconds=cfg.latency_duration_s,
         value_bytes=cfg.value_bytes,
     )
-    result.latency = lat
-    _log(f"{row.name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms")
+    _log(
+        f"{label}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms; "
+        f"machine {lat.machine_busy_cores:.2f} cores busy, load and reader {lat.rig_cores:.2f}"
+    )
+    return lat
 
 
 def _latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult:
@@ -551,19 +563,7 @@ def _latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult
     """
     topic = f"{stage.topic}-lat-floor"
     _create_topic(stage.source, topic, cfg.partitions)
-    _log(f"latency floor (no replicator): {rate:,.0f} rec/s offered for {cfg.latency_duration_s:.0f} s")
-    lat = measure_latency(
-        stage.source,
-        stage.source,
-        topic,
-        topic,
-        partitions=cfg.partitions,
-        rate=rate,
-        seconds=cfg.latency_duration_s,
-        value_bytes=cfg.value_bytes,
-    )
-    _log(f"latency floor: p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms; load and reader {lat.rig_cores:.2f} cores")
-    return lat
+    return _latency_phase(cfg, "latency floor (no replicator)", stage.source, topic, stage.source, topic, rate)
 
 
 def _record_peak_rss(result: RowResult, sampler: TreeSampler) -> None:
