@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from bench.loader import LoadProducer
-from bench.records import make_key, make_value, padding
+from bench.records import padding
 
 #: Waiting for room in librdkafka's queue: serve delivery reports this long, then retry.
 _QUEUE_FULL_POLL_S = 0.01
@@ -39,22 +39,17 @@ def _write_partitions(
         # Big batches: the preload is not timed per record, only its total matters.
         **{"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000},
     )
-    producer = load.producer
     pad = padding(value_bytes)
-    produce = producer.produce
     written = 0
     for partition, count in jobs:
-        for seq in range(count):
-            value = make_value(partition, seq, pad)
-            key = make_key(seq)
-            while True:
-                try:
-                    produce(topic, value, key, partition)
-                    break
-                except BufferError:
-                    producer.poll(_QUEUE_FULL_POLL_S)
-            written += 1
-        producer.poll(0)
+        sent = 0
+        while True:
+            sent += load.produce_run(topic, partition, range(sent, count), pad)
+            if sent == count:
+                break
+            load.producer.poll(_QUEUE_FULL_POLL_S)  # queue full: serve deliveries, then resume
+        load.producer.poll(0)
+        written += sent
     load.finish(budget_s)
     return written
 

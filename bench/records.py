@@ -10,6 +10,8 @@ the values alone, whatever the replicator does to offsets. Keys are never null
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 #: Bytes of the ``PPPPSSSSSSSSSSSS`` header.
 HEADER_BYTES = 16
 #: Smallest value the format allows: the header and the ``:`` separator.
@@ -21,6 +23,7 @@ KEY_BYTES = 8
 #: ``header // SEQ_MODULUS`` is the partition, ``header % SEQ_MODULUS`` the sequence number.
 SEQ_MODULUS = 10**12
 _KEY_SPACE = 10**7
+_KEY_FORMAT = b"k%07d"
 
 
 def split_counts(records: int, partitions: int) -> list[int]:
@@ -36,12 +39,27 @@ def padding(value_bytes: int) -> bytes:
 
 def make_value(partition: int, seq: int, pad: bytes) -> bytes:
     """The value of record ``seq`` of ``partition`` (``pad`` from ``padding``)."""
-    return b"%04d%012d" % (partition, seq) + pad
+    return _value_format(partition, pad) % seq
 
 
 def make_key(seq: int) -> bytes:
     """A non-null key of fixed length."""
-    return b"k%07d" % (seq % _KEY_SPACE)
+    return _KEY_FORMAT % (seq % _KEY_SPACE)
+
+
+def values_of(partition: int, seqs: Iterable[int], pad: bytes) -> Iterator[bytes]:
+    """``make_value`` of each of ``seqs``, formatted in C: no Python code runs per record."""
+    return map(_value_format(partition, pad).__mod__, seqs)
+
+
+def keys_of(seqs: Iterable[int]) -> Iterator[bytes]:
+    """``make_key`` of each of ``seqs``, formatted in C."""
+    return map(_KEY_FORMAT.__mod__, map(_KEY_SPACE.__rmod__, seqs))
+
+
+def _value_format(partition: int, pad: bytes) -> bytes:
+    """A ``%``-format of one partition's values: the partition and the padding fixed, the sequence number open."""
+    return b"%04d%%012d" % partition + pad.replace(b"%", b"%%")
 
 
 def decode(value: bytes) -> tuple[int, int]:

@@ -1,0 +1,119 @@
+"""The bench's record format, its C-level generator and its tally: fast paths agree with the plain ones."""
+
+from __future__ import annotations
+
+import random
+
+from confluent_kafka import KafkaError, Message
+
+from bench.loader import LoadProducer
+from bench.records import keys_of, make_key, make_value, padding, values_of
+from bench.verify import Tally
+
+
+def test_values_and_keys_formatted_in_c_are_the_format_itself() -> None:
+    pad = padding(100)
+    seqs = [0, 1, 9, 10_000_000, 123_456_789_012]
+    for partition in (0, 7, 9999):
+        assert list(values_of(partition, seqs, pad)) == [make_value(partition, s, pad) for s in seqs]
+    assert list(keys_of(seqs)) == [make_key(s) for s in seqs]
+    assert len(make_value(3, 5, pad)) == 100
+
+
+def test_a_percent_sign_in_the_padding_is_copied_not_formatted() -> None:
+    assert make_value(1, 2, b":%d%%") == b"0001000000000002:%d%%"
+
+
+def test_a_full_queue_stops_the_run_at_the_first_refused_record() -> None:
+    # No broker at this address: librdkafka only queues, so its 5-message queue fills exactly.
+    load = LoadProducer("127.0.0.1:1", **{"queue.buffering.max.messages": 5, "enable.idempotence": False})
+    try:
+        assert load.produce_run("t", 0, range(10, 13), padding(20)) == 3
+        assert load.produce_run("t", 0, range(13, 20), padding(20)) == 2
+        assert load.produce_run("t", 0, range(15, 20), padding(20)) == 0
+    finally:
+        load.producer.purge()
+
+
+def _record(partition: int, value: bytes | None) -> Message:
+    return Message(topic="d", partition=partition, offset=0, value=value)
+
+
+def _tallies(batches: list[list[Message]], counts: list[int]) -> tuple[Tally, Tally]:
+    fast, plain = Tally(counts), Tally(counts)
+    for batch in batches:
+        assert fast.add(batch) == plain._add_each(batch)
+    return fast, plain
+
+
+def _fields(t: Tally) -> tuple[int, ...]:
+    return (t.unique, t.duplicates, t.misplaced, t.disordered, t.foreign, t.expected)
+
+
+class _RunsOnly(Tally):
+    def _add_each(self, msgs: list[Message]) -> int:
+        raise AssertionError("a correct copy must not need the record-by-record path")
+
+
+def test_a_correct_copy_is_counted_in_runs() -> None:
+    pad = padding(20)
+    counts = [5, 3]
+    batch = [_record(0, make_value(0, s, pad)) for s in range(3)] + [
+        _record(1, make_value(1, s, pad)) for s in range(3)
+    ]
+    later = [_record(0, make_value(0, s, pad)) for s in (3, 4)]
+    fast, plain = _tallies([batch, later], counts)
+    assert _fields(fast) == _fields(plain) == (8, 0, 0, 0, 0, 8)
+    runs = _RunsOnly(counts)
+    assert runs.add(batch) + runs.add(later) == 8
+    assert runs.complete
+
+
+def test_every_kind_of_wrong_copy_is_counted_as_record_by_record() -> None:
+    """Duplicates, gaps, reordering, misplaced, foreign and null values, error events, in random batches."""
+    for seed in range(300):
+        _compare_on_a_random_copy(seed)
+
+
+def _compare_on_a_random_copy(seed: int) -> None:
+    rng = random.Random(seed)
+    pad = padding(20)
+    counts = [rng.randint(0, 12) for _ in range(rng.randint(1, 4))]
+    stream: list[Message] = []
+    for p, n in enumerate(counts):
+        seqs = list(range(n))
+        for _ in range(rng.randint(0, 3)):
+            kind = rng.choice(["dup", "drop", "swap", "far", "foreign", "null", "error", "beyond"])
+            if kind == "dup" and seqs:
+                i = rng.randrange(len(seqs))
+                seqs.insert(i + rng.randint(0, 2), seqs[i])
+            elif kind == "drop" and seqs:
+                seqs.pop(rng.randrange(len(seqs)))
+            elif kind == "swap" and len(seqs) > 1:
+                i = rng.randrange(len(seqs) - 1)
+                seqs[i], seqs[i + 1] = seqs[i + 1], seqs[i]
+            elif kind in ("foreign", "null", "error", "beyond", "far"):
+                seqs.insert(rng.randint(0, len(seqs)), -1 - ["foreign", "null", "error", "beyond", "far"].index(kind))
+        for s in seqs:
+            if s >= 0:
+                stream.append(_record(p, make_value(p, s, pad)))
+            elif s == -1:
+                stream.append(_record(p, b"not a bench record"))
+            elif s == -2:
+                stream.append(_record(p, None))
+            elif s == -3:
+                stream.append(Message(topic="d", partition=p, error=KafkaError(KafkaError._PARTITION_EOF)))
+            elif s == -4:
+                stream.append(_record(p, make_value(p, n + 1, pad)))
+            else:  # a record of another partition, copied here
+                q = rng.randrange(len(counts))
+                if counts[q]:
+                    stream.append(_record(p, make_value(q, rng.randrange(counts[q]), pad)))
+    batches: list[list[Message]] = []
+    while stream:
+        k = rng.randint(1, 8)
+        batches.append(stream[:k])
+        stream = stream[k:]
+    fast, plain = _tallies(batches, counts)
+    assert _fields(fast) == _fields(plain), f"seed {seed}"
+    assert fast.missing_examples() == plain.missing_examples(), f"seed {seed}"
