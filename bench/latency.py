@@ -64,11 +64,23 @@ class LatencyResult:
     reader_cores: float = math.nan
     """Cores of the bench's own process from the first record visible to the last: the
     read_committed reader stamping every record, its consumer threads, the bench's samplers."""
+    replicator_cpu_s: float = math.nan
+    """CPU seconds of the replicator's processes over the whole phase (NaN: nothing replicated)."""
 
     @property
     def complete(self) -> bool:
         """Every offered record became visible."""
         return self.visible == self.records
+
+    @property
+    def replicator_cpu_s_per_m(self) -> float:
+        """What keeping up cost the replicator: CPU seconds per million offered records.
+
+        A steady state by construction (the same load in, the same load out, no start-up),
+        which the bulk copy's figures are not: a two-stage replicator runs its stages
+        one after the other there, partly outside the first-to-last-visible window.
+        """
+        return self.replicator_cpu_s / self.records * 1e6 if self.records else math.nan
 
     @property
     def rig_cores(self) -> float:

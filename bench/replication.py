@@ -527,9 +527,12 @@ def _measure(
         return
     if latency_rate is None:
         latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
-    result.latency = _latency_phase(
+    cpu_before = sampler.sample()
+    lat = _latency_phase(
         cfg, row.name, stage.source, lat_topic, stage.destination, row.destination_topic(lat_topic), latency_rate
     )
+    result.latency = replace(lat, replicator_cpu_s=sampler.sample() - cpu_before)
+    _log(f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M")
 
 
 def _latency_phase(

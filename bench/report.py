@@ -33,7 +33,7 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    return _fmt(a / b, ".2f") + "x" if a and b else "-"
+    return _fmt(a / b, ".2f") + "x" if a and b and math.isfinite(a) and math.isfinite(b) else "-"
 
 
 def _ok(results: Sequence[RowResult], name: str) -> RowResult | None:
@@ -120,7 +120,11 @@ def latency_table(
         "max ms",
         "machine busy cores",
         "load+reader cores",
+        "replicator CPU s/M",
+        "vs copyloop",
     ]
+    copy = _ok(results, "copyloop")
+    copy_cpu = copy.latency.replicator_cpu_s_per_m if copy and copy.latency else None
     named = [(r.row, r.latency) for r in results if r.latency is not None]
     if floor is not None:
         named.append((FLOOR_ROW, floor))
@@ -137,6 +141,8 @@ def latency_table(
             _fmt(lat.max_ms, ".1f"),
             f"{_fmt(lat.machine_busy_cores, '.2f')}/{os.cpu_count()}",
             _fmt(lat.rig_cores, ".2f"),
+            _fmt(lat.replicator_cpu_s_per_m, ".2f"),
+            _ratio(lat.replicator_cpu_s_per_m, copy_cpu) if name != FLOOR_ROW else "-",
         ]
         for name, lat in named
     ]
@@ -200,9 +206,9 @@ def print_tables(tables: Sequence[tuple[str, list[str], list[list[str]]]]) -> No
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        for name in ("complete", "short_window", "rig_cores"):
+        for name in ("complete", "short_window", "rig_cores", "replicator_cpu_s_per_m"):
             if hasattr(obj, name):
-                out[name] = getattr(obj, name)
+                out[name] = _jsonable(getattr(obj, name))
         return out
     if isinstance(obj, Mapping):
         return {str(k): _jsonable(v) for k, v in obj.items()}

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+
+import pytest
 
 from bench.latency import LatencyResult, percentile
 from bench.report import FLOOR_ROW, footnotes, latency_table, write_json
 from bench.results import RowResult
 
 
-def _latency(*, busy: float, generator: float = 0.4, reader: float = 0.3, visible: int = 1000) -> LatencyResult:
+def _latency(
+    *, busy: float, generator: float = 0.4, reader: float = 0.3, visible: int = 1000, replicator_cpu_s: float = math.nan
+) -> LatencyResult:
     return LatencyResult(
         offered_rate=150_000.0,
         achieved_rate=149_990.0,
@@ -24,6 +29,7 @@ def _latency(*, busy: float, generator: float = 0.4, reader: float = 0.3, visibl
         machine_busy_cores=busy,
         generator_cores=generator,
         reader_cores=reader,
+        replicator_cpu_s=replicator_cpu_s,
     )
 
 
@@ -71,6 +77,22 @@ def test_the_raw_figures_hold_the_floor_and_the_rigs_share(tmp_path: Path) -> No
     assert figures["latency_floor"]["machine_busy_cores"] == 1.1
     assert figures["rows"][0]["latency"]["rig_cores"] == 0.7
     assert figures["topic"] == "t"
+
+
+def test_what_keeping_up_cost_each_replicator_is_compared_with_the_copy_loop(tmp_path: Path) -> None:
+    rows = [
+        _row("ferryman", _latency(busy=1.5, replicator_cpu_s=0.0026)),
+        _row("copyloop", _latency(busy=1.4, replicator_cpu_s=0.0020)),
+    ]
+    header, cells = latency_table(rows, _latency(busy=1.1))
+    cpu, ratio = header.index("replicator CPU s/M"), header.index("vs copyloop")
+    assert [c[cpu] for c in cells] == ["2.60", "2.00", "-"]  # 1000 records offered
+    assert [c[ratio] for c in cells] == ["1.30x", "1.00x", "-"]
+    out = tmp_path / "run.json"
+    write_json(out, {}, rows, _latency(busy=1.1))
+    figures = json.loads(out.read_text())
+    assert figures["rows"][0]["latency"]["replicator_cpu_s_per_m"] == pytest.approx(2.6)
+    assert figures["latency_floor"]["replicator_cpu_s_per_m"] is None
 
 
 def test_percentiles_are_nearest_rank() -> None:
