@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             # The services' streaming consumer settings, with their reasons: fetches answered at
-            # 64 KB or after 20 ms, and no 1 s fetch pause on a full prefetch queue.
+            # 1 MiB or after 20 ms, and no 1 s fetch pause on a full prefetch queue.
             **STREAMING_CONSUMER_DEFAULTS,
         }
     )

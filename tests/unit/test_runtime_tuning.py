@@ -16,7 +16,7 @@ def test_streaming_consumers_never_idle_on_a_full_prefetch_queue() -> None:
     conf = streaming_consumer_config(ClusterConfig(bootstrap_servers="k:9092"), "w-1-source")
     assert conf["fetch.queue.backoff.ms"] == 5  # librdkafka's 1 s default starved the wrapper
     assert conf["fetch.wait.max.ms"] == 20
-    assert conf["fetch.min.bytes"] == 65536  # a paced load no longer wakes every consumer per append
+    assert conf["fetch.min.bytes"] == 1 << 20  # a paced load no longer wakes every consumer per append
     assert (conf["bootstrap.servers"], conf["client.id"]) == ("k:9092", "w-1-source")
 
 
