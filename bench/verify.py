@@ -31,7 +31,7 @@ _CONSUME_TIMEOUT_S = 0.01
 #: Records fetched per consume() call: one Python/C crossing per batch.
 _CONSUME_BATCH = 10_000
 #: How often the destination topic's existence is re-checked while a replicator starts.
-_TOPIC_PROBE_INTERVAL_S = 0.2
+_TOPIC_PROBE_INTERVAL_S = 0.02
 #: Budget of one metadata request.
 _METADATA_TIMEOUT_S = 5.0
 #: At most this many missing (partition, seq) pairs are kept as examples.
