@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
 from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
@@ -178,3 +178,25 @@ def test_compacted_source_with_offset_gaps(
         expected = sum(len(v) for v in src.values())
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=120)
         assert_exact_copy(src, dst)
+
+
+def test_the_wrapper_commits_its_source_positions_while_it_runs(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The periodic source-offset commit lands while the wrapper runs, not only at shutdown."""
+    topic, flow = unique_name("commits"), unique_name("flow")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, 2000)
+    group = Consumer({"bootstrap.servers": source_cluster.bootstrap_servers, "group.id": f"ferryman-wrapper.{flow}"})
+    try:
+        with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
+            read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=2000 * PARTITIONS, timeout_s=120)
+
+            def every_partition_committed_to_its_end() -> bool:
+                committed = group.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
+                return all(tp.error is None and tp.offset == 2000 for tp in committed)
+
+            wait_until(every_partition_committed_to_its_end, 30, message="source offsets committed to the end")
+            assert f.wrapper.alive and f.deduper.alive
+    finally:
+        group.close()
