@@ -140,16 +140,16 @@ def offer(
     # Connection and metadata first: the first records must not carry the producer's start-up.
     producer.list_topics(topic, timeout=_FLUSH_BUDGET_S)
     pad = padding(value_bytes)
-    counts = split_counts(records, partitions)
     sent = [0] * partitions  # next sequence number of each partition
     total = 0
     cpu_start = time.process_time()
     start = time.monotonic()
     while total < records:
-        # Round-robin: of the first `due` records, partition p holds ceil((due - p) / partitions).
+        # Round-robin: of the first `due` records, partition p holds ceil((due - p) / partitions)
+        # (split_counts(due, partitions)[p]; with due == records, all of that partition's records).
         due = min(records, int((time.monotonic() - start) * rate) + 1)
         for p in range(partitions):
-            upto = min(counts[p], (due - p + partitions - 1) // partitions)
+            upto = (due - p + partitions - 1) // partitions
             if upto > sent[p]:
                 # A full queue (the broker is behind) stops the run early; the rest goes out on a
                 # later tick, and the achieved rate (returned) shows the load offered was lower.

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from ferryman.config import load_config
+from ferryman.naming import FlowNames
 
 from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
 from tests.helpers.services import running_flow
@@ -187,9 +189,11 @@ def test_the_wrapper_commits_its_source_positions_while_it_runs(
     topic, flow = unique_name("commits"), unique_name("flow")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, 2000)
-    group = Consumer({"bootstrap.servers": source_cluster.bootstrap_servers, "group.id": f"ferryman-wrapper.{flow}"})
-    try:
-        with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
+        config = load_config(f.config)
+        names = FlowNames.of(config.flows[0], wrapper_group=config.wrapper.group_id)
+        group = Consumer({"bootstrap.servers": source_cluster.bootstrap_servers, "group.id": names.wrapper_group})
+        try:
             read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=2000 * PARTITIONS, timeout_s=120)
 
             def every_partition_committed_to_its_end() -> bool:
@@ -198,5 +202,5 @@ def test_the_wrapper_commits_its_source_positions_while_it_runs(
 
             wait_until(every_partition_committed_to_its_end, 30, message="source offsets committed to the end")
             assert f.wrapper.alive and f.deduper.alive
-    finally:
-        group.close()
+        finally:
+            group.close()
