@@ -2,7 +2,7 @@
 
 ``python -m bench.replication [--records 1000000] [--value-bytes 100] [--partitions 8]
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
-[--latency-rate R|half-ferryman] [--json out.json] [--smoke]``
+[--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads one source topic, warms both brokers
@@ -22,6 +22,14 @@ for each row:
    every source (partition, seq) must be present; exactly-once rows must have no
    duplicate and keep per-partition order. A row that fails is marked FAILED and
    gets no ratio: a fast wrong answer cannot win.
+
+Then, with ``--rounds N`` (3 by default), the copy is repeated N - 1 more times,
+the rows interleaved round by round (ferryman, copyloop, ... then again), each
+round a fresh launch to fresh destination topics, audited like the first. Two
+identical runs on this 2-core machine differ by 20% or more, and it drifts
+within minutes, so one copy per row cannot carry a ratio: the rounds table gives
+every round's figures, their median, and each round's ratio to the copy loop's
+run of the same round.
 
 It is a benchmark, not a test: it prints tables and writes raw figures as JSON;
 the exit code is 1 when a row FAILED (2 when the set-up did).
@@ -53,7 +61,7 @@ from bench.latency import measure as measure_latency
 from bench.measure import TreeSampler
 from bench.preload import PreloadResult, preload
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
-from bench.report import footnotes, latency_table, print_tables, throughput_table, write_json
+from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import ROWS, Row, RowContext, RowOptions, RowUnavailableError
 from bench.topics import create_topics
@@ -91,6 +99,9 @@ _REHEARSAL_MAX_RECORDS = 200_000
 #: The rehearsal's paced load: a few seconds at a rate every row sustains here.
 _REHEARSAL_LATENCY_S = 5.0
 _REHEARSAL_LATENCY_RATE = 50_000.0
+#: Rounds of the throughput phase in a full run (one in --smoke would leave the rounds untested: two).
+_DEFAULT_ROUNDS = 3
+_SMOKE_ROUNDS = 2
 #: Points of a row's visibility timeline kept in the JSON (enough to plot it).
 _TIMELINE_POINTS = 200
 
@@ -113,6 +124,8 @@ class BenchConfig:
     """Offered load of the latency phase (rec/s); None: half of Ferryman's steady rate."""
     latency_duration_s: float
     """Length of the offered load; 0 skips the latency phase."""
+    rounds: int
+    """Copies of the preloaded topic per row, the rows interleaved round by round."""
     timeout_s: float
     """Deadline of one row's throughput phase."""
     warmup_seconds: float
@@ -183,6 +196,12 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument(
         "--latency-seconds", type=float, default=20.0, help="length of the latency phase, s; 0 skips it (%(default)s)"
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help=f"copies of the preloaded topic per row, rows interleaved round by round; the latency phase runs in "
+        f"the first (default: {_DEFAULT_ROUNDS}; --smoke: {_SMOKE_ROUNDS})",
+    )
     ap.add_argument("--timeout", type=float, help="deadline of one row's throughput phase, s (default: by size)")
     ap.add_argument(
         "--warmup-seconds",
@@ -213,6 +232,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     if args.smoke:
         args.records, args.partitions, args.latency_seconds, args.warmup_seconds = 20_000, 4, 3.0, 3.0
         args.rehearsal_records = 0
+        args.rounds = _SMOKE_ROUNDS if args.rounds is None else args.rounds
+    args.rounds = _DEFAULT_ROUNDS if args.rounds is None else args.rounds
     if args.rehearsal_records is None:
         args.rehearsal_records = min(_REHEARSAL_MAX_RECORDS, args.records // 5)
     args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
@@ -226,8 +247,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         ap.error(f"--rows: give distinct rows from {', '.join(ROWS)} (got {args.rows!r})")
     if args.value_bytes < MIN_VALUE_BYTES:
         ap.error(f"--value-bytes must be at least {MIN_VALUE_BYTES} (the sequence header)")
-    if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks) < 1:
-        ap.error("--records, --partitions, --*-procs and --mm2-tasks must be positive")
+    if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks, args.rounds) < 1:
+        ap.error("--records, --partitions, --*-procs, --mm2-tasks and --rounds must be positive")
     if args.rehearsal_records < 0:
         ap.error("--rehearsal-records must not be negative")
     if args.partitions > MAX_PARTITIONS:
@@ -261,6 +282,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         ),
         latency_rate=latency_rate,
         latency_duration_s=args.latency_seconds,
+        rounds=args.rounds,
         timeout_s=args.timeout or _DEFAULT_TIMEOUT_BASE_S + args.records / _DEFAULT_TIMEOUT_RECORDS_PER_S,
         warmup_seconds=args.warmup_seconds,
         rehearsal_records=args.rehearsal_records,
@@ -450,17 +472,27 @@ def _judge(result: RowResult) -> None:
             result.fail(f"latency phase: {lat.duplicates:,} duplicates")
 
 
-def _run_row(cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float | None) -> RowResult:
+def _run_row(
+    cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float | None, round_no: int = 1
+) -> RowResult:
     """Throughput, latency and verdict of one row; the row's processes are always stopped.
 
     latency_rate None: offer half of this row's own steady rate (the ferryman row under half-ferryman).
+    round_no: which copy of the preloaded topic this is; names the row's topics apart from other rounds'.
     """
-    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}"
-    work = stage.work_dir / cls.name
-    work.mkdir(parents=True, exist_ok=True)
     ctx = RowContext(
-        stage.run_id, stage.source, stage.destination, (stage.topic, lat_topic), cfg.partitions, work, cfg.options
+        stage.run_id,
+        stage.source,
+        stage.destination,
+        (),
+        cfg.partitions,
+        stage.work_dir / cls.name,
+        cfg.options,
+        round_no,
     )
+    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}{ctx.round_tag}"
+    ctx = replace(ctx, topics=(stage.topic, lat_topic))
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
     row = cls(ctx)
     result = RowResult(cls.name, cls.exactly_once)
     try:
@@ -484,6 +516,26 @@ def _run_row(cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float
     _judge(result)
     _log(f"{cls.name}: {result.status}" + (f" ({'; '.join(result.reasons)})" if result.reasons else ""))
     return result
+
+
+def _repeat(cfg: BenchConfig, stage: Stage, round_no: int, results: list[RowResult]) -> None:
+    """Copy the preloaded topic once more with every row that ran, in the same order; no latency phase.
+
+    A fresh run id per round gives every row fresh flows, groups and internal
+    topics, and the round tag fresh destination topics, so no round sees
+    another's state. A failed round fails its row.
+    """
+    _log(f"round {round_no} of {cfg.rounds}")
+    again = replace(stage, run_id=f"{stage.run_id}r{round_no}", work_dir=stage.work_dir / f"round{round_no}")
+    once = replace(cfg, latency_duration_s=0.0)
+    for result in results:
+        if result.status == "unavailable":
+            continue
+        repeat = _run_row(ROWS[result.row], once, again, None, round_no)
+        if repeat.throughput is not None:
+            result.repeats.append(repeat.throughput)
+        for reason in repeat.reasons:
+            result.fail(f"round {round_no}: {reason}")
 
 
 def _measure(
@@ -616,6 +668,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rate is None:  # half-ferryman: ferryman ran first and offered half its own rate to itself
                 rate = result.latency.offered_rate if result.latency is not None else _DEFAULT_LATENCY_RATE
                 _log(f"latency phases offer {rate:,.0f} rec/s")
+        for round_no in range(2, cfg.rounds + 1):
+            _repeat(cfg, stage, round_no, results)
         if cfg.latency_duration_s > 0 and rate is not None:
             floor = _latency_floor(cfg, stage, rate)
     finally:
@@ -627,7 +681,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {cfg.partitions} partitions"
     lat_title = f"End-to-end latency ({cfg.latency_duration_s:.0f} s of offered load, read_committed)"
     print()
-    print_tables([(tp_title, *throughput_table(results)), (lat_title, *latency_table(results, floor))])
+    rounds_title = (
+        f"Rounds: the copy {cfg.rounds} times per row, rows interleaved; ratios round by round (the first round is "
+        "the throughput table's)"
+    )
+    print_tables(
+        [
+            (tp_title, *throughput_table(results)),
+            (rounds_title, *rounds_table(results)),
+            (lat_title, *latency_table(results, floor)),
+        ]
+    )
     for line in footnotes(results, floor):
         print(line)
     if cfg.json_path:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -93,6 +94,79 @@ def throughput_table(results: Sequence[RowResult]) -> tuple[list[str], list[list
                 _ratio(t.steady_rps, mm2_rps) if ok else "-",
                 _ratio(t.steady_rps, copy_rps) if ok else "-",
                 _ratio(t.cpu_s_per_m, copy_cpu) if ok else "-",
+            ]
+        )
+    return header, cells
+
+
+def _per_round(values: Sequence[float | None], spec: str) -> str:
+    return " / ".join(_fmt(v, spec) for v in values)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(known) if known else None
+
+
+def _paired(mine: Sequence[float | None], theirs: Sequence[float | None]) -> list[float | None]:
+    """Round k's figure over the reference row's round k (the same minutes of the machine)."""
+    return [
+        a / b if a and b and math.isfinite(a) and math.isfinite(b) else None for a, b in zip(mine, theirs, strict=True)
+    ]
+
+
+def _median_ratio(ratios: Sequence[float | None] | None) -> str:
+    median = _median(ratios) if ratios else None
+    return _fmt(median, ".2f") + "x" if median else "-"
+
+
+def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the rounds table; no cells unless some row ran more than one round.
+
+    Every round's steady rate and CPU s/M, their medians, and the ratios to the
+    copy loop and to MirrorMaker 2 taken round by round (round k against the
+    reference's round k, which ran minutes apart at most), with the median of those.
+    Ratios only between rows that passed every round.
+    """
+    if not any(r.repeats for r in results):
+        return [], []
+    copy, mm2 = _ok(results, "copyloop"), _ok(results, "mm2")
+    header = [
+        "row",
+        "result",
+        "rec/s by round",
+        "median",
+        "from start median",
+        "vs copyloop by round",
+        "median",
+        "vs mm2 median",
+        "CPU s/M by round",
+        "median",
+        "CPU vs copyloop by round",
+        "median",
+    ]
+    cells: list[list[str]] = []
+    for r in results:
+        rates = [t.steady_rps for t in r.rounds]
+        cpus = [t.cpu_s_per_m for t in r.rounds]
+        ok = r.status == "ok"
+        vs_copy = _paired(rates, [t.steady_rps for t in copy.rounds]) if ok and copy else None
+        vs_mm2 = _paired(rates, [t.steady_rps for t in mm2.rounds]) if ok and mm2 else None
+        cpu_vs_copy = _paired(cpus, [t.cpu_s_per_m for t in copy.rounds]) if ok and copy else None
+        cells.append(
+            [
+                r.row,
+                r.status,
+                _per_round(rates, ",.0f"),
+                _fmt(_median(rates)),
+                _fmt(_median([t.from_start_rps for t in r.rounds])),
+                _per_round(vs_copy, ".2f") if vs_copy else "-",
+                _median_ratio(vs_copy),
+                _median_ratio(vs_mm2),
+                _per_round(cpus, ".1f"),
+                _fmt(_median(cpus), ".1f"),
+                _per_round(cpu_vs_copy, ".2f") if cpu_vs_copy else "-",
+                _median_ratio(cpu_vs_copy),
             ]
         )
     return header, cells

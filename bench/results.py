@@ -91,6 +91,15 @@ class RowResult:
     throughput: Throughput | None = None
     verdict: Verdict | None = None
     latency: LatencyResult | None = None
+    repeats: list[Throughput] = field(default_factory=list)
+    """Throughput of the repeated rounds (2 to ``--rounds``): the copy again, from a fresh
+    launch to a fresh destination topic, interleaved with the other rows' rounds; no
+    latency phase. Each was audited like the first."""
+
+    @property
+    def rounds(self) -> list[Throughput]:
+        """Every round's throughput, the first (``throughput``) included."""
+        return ([self.throughput] if self.throughput is not None else []) + self.repeats
 
     def fail(self, reason: str) -> None:
         """Mark the row FAILED (it stays failed) and keep the reason."""

@@ -55,6 +55,13 @@ class RowContext:
     """Configuration files and logs of this row."""
     options: RowOptions
     """Command-line knobs."""
+    round_no: int = 1
+    """Which round of the copy this is (``--rounds``); every round copies to fresh topics."""
+
+    @property
+    def round_tag(self) -> str:
+        """Suffix that keeps a repeated round's names apart from the first's ("" in round 1)."""
+        return "" if self.round_no == 1 else f"-r{self.round_no}"
 
 
 class Row(ABC):

@@ -27,8 +27,8 @@ class CopyLoopRow(Row):
 
     @property
     def alias(self) -> str:
-        """Destination topics are ``copyloop.<topic>``."""
-        return "copyloop"
+        """Destination topics are ``copyloop.<topic>`` (``copyloop-rN.<topic>`` in round N)."""
+        return "copyloop" + self.ctx.round_tag
 
     def prepare(self) -> None:
         """Create the destination topics: unlike MirrorMaker 2 and Ferryman, a bare loop does not."""

@@ -27,8 +27,8 @@ class FerrymanRow(Row):
 
     @property
     def alias(self) -> str:
-        """Destination topics are ``source.<topic>`` (prefix policy, source alias ``source``)."""
-        return _SOURCE_ALIAS
+        """Destination topics are ``source.<topic>`` (prefix policy; ``source-rN.<topic>`` in round N)."""
+        return _SOURCE_ALIAS + self.ctx.round_tag
 
     def check(self) -> None:
         """The console scripts must be installed."""
@@ -43,13 +43,13 @@ class FerrymanRow(Row):
             deduper["transaction_interval_ms"] = opts.ferryman_txn_ms
         return {
             "clusters": {
-                _SOURCE_ALIAS: {"bootstrap_servers": self.ctx.source},
+                self.alias: {"bootstrap_servers": self.ctx.source},
                 "destination": {"bootstrap_servers": self.ctx.destination},
             },
             "flows": [
                 {
                     "name": f"bench-{self.ctx.run_id}",
-                    "source": _SOURCE_ALIAS,
+                    "source": self.alias,
                     "target": "destination",
                     "topics": ["^(" + "|".join(re.escape(t) for t in self.ctx.topics) + ")$"],
                     "naming": {"policy": "prefix"},

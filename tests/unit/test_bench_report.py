@@ -1,4 +1,4 @@
-"""The bench's latency report: the machine's load beside each figure, and the no-replicator floor."""
+"""The bench's report: the machine's load beside each latency, the no-replicator floor, the rounds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import replication
 from bench.latency import LatencyResult, percentile
-from bench.report import FLOOR_ROW, footnotes, latency_table, write_json
-from bench.results import RowResult
+from bench.report import FLOOR_ROW, footnotes, latency_table, rounds_table, write_json
+from bench.results import RowResult, Throughput
 
 
 def _latency(
@@ -100,3 +101,80 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile(values, 50) == 50.0
     assert percentile(values, 99) == 99.0
     assert percentile([], 99) != percentile([], 99)  # NaN
+
+
+def _throughput(rps: float, cpu_s_per_m: float) -> Throughput:
+    return Throughput(
+        records=1_000_000,
+        payload_bytes=117_000_000,
+        first_batch_records=10_000,
+        first_visible_s=1.0,
+        steady_s=1_000_000 / rps,
+        from_start_s=1.0 + 1_000_000 / rps,
+        steady_rps=rps,
+        steady_mbps=rps * 117 / 1e6,
+        from_start_rps=1_000_000 / (1.0 + 1_000_000 / rps),
+        from_start_mbps=None,
+        cpu_s=cpu_s_per_m,
+        cpu_s_per_m=cpu_s_per_m,
+        steady_cpu_s_per_m=None,
+        broker_cpu_s_per_m=None,
+        peak_rss_mb=100.0,
+        timeline=[],
+    )
+
+
+def _rounds(name: str, *figures: tuple[float, float]) -> RowResult:
+    result = RowResult(name, exactly_once=name == "ferryman")
+    first, *more = (_throughput(rps, cpu) for rps, cpu in figures)
+    result.throughput = first
+    result.repeats = more
+    return result
+
+
+def test_each_round_is_compared_with_the_copy_loops_run_of_the_same_round() -> None:
+    rows = [
+        _rounds("ferryman", (500_000, 2.6), (300_000, 2.2), (450_000, 2.4)),
+        _rounds("copyloop", (400_000, 2.0), (600_000, 2.0), (300_000, 1.6)),
+        _rounds("mm2", (100_000, 20.0), (100_000, 20.0), (90_000, 20.0)),
+    ]
+    header, cells = rounds_table(rows)
+    ferryman = dict(zip(header[2:], cells[0][2:], strict=False))
+    assert cells[0][2] == "500,000 / 300,000 / 450,000"
+    assert cells[0][3] == "450,000"  # median of the rates
+    assert ferryman["from start median"] == "310,345"  # 1 M records in 1 s + 1 M / 450 k
+    assert ferryman["vs copyloop by round"] == "1.25 / 0.50 / 1.50"  # round k against the copy loop's round k
+    assert cells[0][6] == "1.25x"  # the median of those (the ratio of the medians would be 1.12)
+    assert ferryman["vs mm2 median"] == "5.00x"  # 5.0, 3.0, 5.0
+    assert ferryman["CPU s/M by round"] == "2.6 / 2.2 / 2.4"
+    assert ferryman["CPU vs copyloop by round"] == "1.30 / 1.10 / 1.50"
+    assert cells[0][-1] == "1.30x"
+    assert [c[0] for c in cells] == ["ferryman", "copyloop", "mm2"]
+    assert cells[1][6] == "1.00x"
+
+
+def test_a_row_that_failed_a_round_gets_no_ratio() -> None:
+    ferryman = _rounds("ferryman", (500_000, 2.6), (300_000, 2.2))
+    ferryman.fail("round 2: exactly-once broken: 3 duplicates, 0 out of order")
+    _header, cells = rounds_table([ferryman, _rounds("copyloop", (400_000, 2.0), (600_000, 2.0))])
+    assert cells[0][1] == "FAILED"
+    assert cells[0][2] == "500,000 / 300,000"  # the figures stay visible
+    assert cells[0][5:8] == ["-", "-", "-"]
+    assert cells[0][10:] == ["-", "-"]
+
+
+def test_one_round_prints_no_rounds_table_and_the_json_keeps_every_round(tmp_path: Path) -> None:
+    assert rounds_table([_rounds("ferryman", (500_000, 2.6))]) == ([], [])
+    out = tmp_path / "run.json"
+    write_json(out, {}, [_rounds("ferryman", (500_000, 2.6), (300_000, 2.2))])
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["throughput"]["steady_rps"] == 500_000
+    assert [t["steady_rps"] for t in row["repeats"]] == [300_000]
+
+
+def test_rounds_default_to_three_two_in_a_smoke_run_and_must_be_positive() -> None:
+    assert replication._parse([]).rounds == 3
+    assert replication._parse(["--smoke"]).rounds == 2
+    assert replication._parse(["--rounds", "1"]).rounds == 1
+    with pytest.raises(SystemExit):
+        replication._parse(["--rounds", "0"])
