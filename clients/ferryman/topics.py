@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
@@ -170,58 +170,91 @@ def grow_partitions(admin: AdminClient, name: str, partitions: int, timeout_s: f
     _log.info("grew topic %s to %d partitions", name, partitions)
 
 
-def ensure_internal_topic(
-    admin: AdminClient,
-    name: str,
-    partitions: int,
-    configs: Mapping[str, str],
-    timeout_s: float,
-    *,
-    purpose: str,
-) -> TopicInfo:
-    """Create an internal topic if missing and check the shape of an existing one.
+@dataclass(frozen=True)
+class InternalTopic:
+    """A topic a service owns: created if missing, its shape checked if not."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str]
+    purpose: str
+    """What the topic is for, in errors ("staging", "state", ...)."""
+
+
+def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float) -> None:
+    """Create the internal topics that are missing and check the shape of those that exist.
+
+    One request of each kind for all of them (create, describe, describe
+    configs): a service starting up waits for one round trip, not one per topic.
 
     Raises:
-        TopicShapeError: the topic exists with another partition count or
-            cleanup policy than Ferryman needs.
+        TopicShapeError: a topic could not be created, or exists with another
+            partition count, cleanup policy or a smaller max.message.bytes than
+            Ferryman needs.
     """
-    create_topic(admin, name, partitions, configs, timeout_s)
-    info = await_topic(admin, name, timeout_s)
-    if info is None:
-        raise TopicShapeError(f"{purpose} topic {name} does not exist and could not be created")
-    if info.partitions != partitions:
-        raise TopicShapeError(
-            f"{purpose} topic {name} has {info.partitions} partitions but the flow is configured for "
-            f"{partitions}; the source-to-staging partition map depends on this count, so it must not "
-            f"change. Fix the configuration or recreate the topic after draining it."
-        )
-    wanted_policy = configs.get("cleanup.policy")
-    if wanted_policy is not None:
-        actual = _topic_config(admin, name, timeout_s)
-        if actual.get("cleanup.policy") != wanted_policy:
+    if not wanted:
+        return
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in wanted]
+    futures = admin.create_topics(new, request_timeout=timeout_s, operation_timeout=timeout_s)
+    for t in wanted:
+        try:
+            futures[t.name].result(timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise
+        else:
+            _log.info("created topic %s with %d partitions %s", t.name, t.partitions, dict(t.configs) or "")
+    found = _await_topics(admin, {t.name: 1 for t in wanted}, timeout_s)
+    for t in wanted:
+        info = found.get(t.name)
+        if info is None:
+            raise TopicShapeError(f"{t.purpose} topic {t.name} does not exist and could not be created")
+        if info.partitions != t.partitions:
             raise TopicShapeError(
-                f"{purpose} topic {name} has cleanup.policy={actual.get('cleanup.policy')}, expected {wanted_policy}"
+                f"{t.purpose} topic {t.name} has {info.partitions} partitions but the flow is configured for "
+                f"{t.partitions}; the source-to-staging partition map depends on this count, so it must not "
+                f"change. Fix the configuration or recreate the topic after draining it."
             )
-        want_max = configs.get("max.message.bytes")
-        if want_max is not None and int(actual.get("max.message.bytes", "0")) < int(want_max):
+    policed = [t for t in wanted if "cleanup.policy" in t.configs]
+    actual = _topic_configs(admin, [t.name for t in policed], timeout_s)
+    for t in policed:
+        has = actual[t.name]
+        if has.get("cleanup.policy") != t.configs["cleanup.policy"]:
             raise TopicShapeError(
-                f"{purpose} topic {name} has max.message.bytes={actual.get('max.message.bytes')}, "
+                f"{t.purpose} topic {t.name} has cleanup.policy={has.get('cleanup.policy')}, "
+                f"expected {t.configs['cleanup.policy']}"
+            )
+        want_max = t.configs.get("max.message.bytes")
+        if want_max is not None and int(has.get("max.message.bytes", "0")) < int(want_max):
+            raise TopicShapeError(
+                f"{t.purpose} topic {t.name} has max.message.bytes={has.get('max.message.bytes')}, "
                 f"below the {want_max} needed for records near the size limit once wrapped"
             )
-    return info
+
+
+def _await_topics(admin: AdminClient, min_partitions: Mapping[str, int], timeout_s: float) -> dict[str, TopicInfo]:
+    """Describe the topics until each exists with its minimum partition count, or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = describe_topics(admin, min_partitions, timeout_s)
+        ready = all(name in found and found[name].partitions >= n for name, n in min_partitions.items())
+        if ready or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)  # metadata propagation takes tens of ms: poll briefly
 
 
 def await_topic(admin: AdminClient, name: str, timeout_s: float, min_partitions: int = 1) -> TopicInfo | None:
     """Describe name until it exists with min_partitions (metadata propagates after creation)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = describe_topics(admin, [name], timeout_s).get(name)
-        if (info is not None and info.partitions >= min_partitions) or time.monotonic() >= deadline:
-            return info
-        time.sleep(0.1)  # metadata propagation takes tens of ms: poll briefly
+    return _await_topics(admin, {name: min_partitions}, timeout_s).get(name)
 
 
-def _topic_config(admin: AdminClient, name: str, timeout_s: float) -> dict[str, str]:
-    res = ConfigResource(ResourceType.TOPIC, name)
-    entries = admin.describe_configs([res], request_timeout=timeout_s)[res].result(timeout=timeout_s)
-    return {k: e.value for k, e in entries.items() if e.value is not None}
+def _topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, dict[str, str]]:
+    """Every config value of each topic, in one request."""
+    if not names:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout_s)
+    return {
+        res.name: {k: e.value for k, e in fut.result(timeout=timeout_s).items() if e.value is not None}
+        for res, fut in futures.items()
+    }

@@ -53,6 +53,7 @@ from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_re
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, offset_mapping, read_compacted
+from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatusServicer
@@ -252,24 +253,15 @@ class Deduper:
 
     def _ensure_topics(self, admin: AdminClient) -> None:
         n = self._flow.staging_partitions
-        topics.ensure_internal_topic(
-            admin,
-            self._names.staging_topic,
-            n,
-            {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)},
-            _ADMIN_TIMEOUT_S,
-            purpose="staging",
-        )
-        topics.ensure_internal_topic(
-            admin, self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="state"
-        )
-        topics.ensure_internal_topic(
-            admin, self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="topic-spec"
-        )
+        staging_configs = {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)}
+        wanted = [
+            InternalTopic(self._names.staging_topic, n, staging_configs, "staging"),
+            InternalTopic(self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, "state"),
+            InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
+        ]
         if self._flow.emit_offset_mappings:
-            topics.ensure_internal_topic(
-                admin, self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="offset-map"
-            )
+            wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
+        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

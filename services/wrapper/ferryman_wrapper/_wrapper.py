@@ -41,6 +41,7 @@ from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
+from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
@@ -167,17 +168,11 @@ class Wrapper:
             "max.message.bytes": str(self._wc.staging_max_message_bytes),
             "retention.ms": _STAGING_RETENTION_MS,
         }
-        topics.ensure_internal_topic(
-            target_admin,
-            self._names.staging_topic,
-            self._flow.staging_partitions,
-            staging_configs,
-            _ADMIN_TIMEOUT_S,
-            purpose="staging",
-        )
-        topics.ensure_internal_topic(
-            target_admin, self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, _ADMIN_TIMEOUT_S, purpose="topic-spec"
-        )
+        wanted = [
+            InternalTopic(self._names.staging_topic, self._flow.staging_partitions, staging_configs, "staging"),
+            InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
+        ]
+        topics.ensure_internal_topics(target_admin, wanted, _ADMIN_TIMEOUT_S)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
