@@ -124,13 +124,13 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
     """Header and cells of the rounds table; no cells unless some row ran more than one round.
 
     Every round's steady rate and CPU s/M, their medians, and the ratios to the
-    copy loop and to MirrorMaker 2 taken round by round (round k against the
+    copy loop and to MirrorMaker 2 (both modes) taken round by round (round k against the
     reference's round k, which ran minutes apart at most), with the median of those.
     Ratios only between rows that passed every round.
     """
     if not any(r.repeats for r in results):
         return [], []
-    copy, mm2 = _ok(results, "copyloop"), _ok(results, "mm2")
+    copy, mm2, mm2_eos = _ok(results, "copyloop"), _ok(results, "mm2"), _ok(results, "mm2-eos")
     header = [
         "row",
         "result",
@@ -140,6 +140,7 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
         "vs copyloop by round",
         "median",
         "vs mm2 median",
+        "vs mm2-eos median",
         "CPU s/M by round",
         "median",
         "CPU vs copyloop by round",
@@ -152,6 +153,7 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
         ok = r.status == "ok"
         vs_copy = _paired(rates, [t.steady_rps for t in copy.rounds]) if ok and copy else None
         vs_mm2 = _paired(rates, [t.steady_rps for t in mm2.rounds]) if ok and mm2 else None
+        vs_mm2_eos = _paired(rates, [t.steady_rps for t in mm2_eos.rounds]) if ok and mm2_eos else None
         cpu_vs_copy = _paired(cpus, [t.cpu_s_per_m for t in copy.rounds]) if ok and copy else None
         cells.append(
             [
@@ -163,6 +165,7 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
                 _per_round(vs_copy, ".2f") if vs_copy else "-",
                 _median_ratio(vs_copy),
                 _median_ratio(vs_mm2),
+                _median_ratio(vs_mm2_eos),
                 _per_round(cpus, ".1f"),
                 _fmt(_median(cpus), ".1f"),
                 _per_round(cpu_vs_copy, ".2f") if cpu_vs_copy else "-",

@@ -137,6 +137,7 @@ def test_each_round_is_compared_with_the_copy_loops_run_of_the_same_round() -> N
         _rounds("ferryman", (500_000, 2.6), (300_000, 2.2), (450_000, 2.4)),
         _rounds("copyloop", (400_000, 2.0), (600_000, 2.0), (300_000, 1.6)),
         _rounds("mm2", (100_000, 20.0), (100_000, 20.0), (90_000, 20.0)),
+        _rounds("mm2-eos", (50_000, 25.0), (60_000, 25.0), (150_000, 25.0)),
     ]
     header, cells = rounds_table(rows)
     ferryman = dict(zip(header[2:], cells[0][2:], strict=False))
@@ -146,10 +147,11 @@ def test_each_round_is_compared_with_the_copy_loops_run_of_the_same_round() -> N
     assert ferryman["vs copyloop by round"] == "1.25 / 0.50 / 1.50"  # round k against the copy loop's round k
     assert cells[0][6] == "1.25x"  # the median of those (the ratio of the medians would be 1.12)
     assert ferryman["vs mm2 median"] == "5.00x"  # 5.0, 3.0, 5.0
+    assert ferryman["vs mm2-eos median"] == "5.00x"  # 10.0, 5.0, 3.0
     assert ferryman["CPU s/M by round"] == "2.6 / 2.2 / 2.4"
     assert ferryman["CPU vs copyloop by round"] == "1.30 / 1.10 / 1.50"
     assert cells[0][-1] == "1.30x"
-    assert [c[0] for c in cells] == ["ferryman", "copyloop", "mm2"]
+    assert [c[0] for c in cells] == ["ferryman", "copyloop", "mm2", "mm2-eos"]
     assert cells[1][6] == "1.00x"
 
 
@@ -159,8 +161,8 @@ def test_a_row_that_failed_a_round_gets_no_ratio() -> None:
     _header, cells = rounds_table([ferryman, _rounds("copyloop", (400_000, 2.0), (600_000, 2.0))])
     assert cells[0][1] == "FAILED"
     assert cells[0][2] == "500,000 / 300,000"  # the figures stay visible
-    assert cells[0][5:8] == ["-", "-", "-"]
-    assert cells[0][10:] == ["-", "-"]
+    assert cells[0][5:9] == ["-", "-", "-", "-"]
+    assert cells[0][11:] == ["-", "-"]
 
 
 def test_one_round_prints_no_rounds_table_and_the_json_keeps_every_round(tmp_path: Path) -> None:
