@@ -71,8 +71,19 @@ SINGLE_NODE_PROPERTIES: Mapping[str, str] = {
 }
 """Broker settings every local cluster gets (extra properties override them)."""
 
-JVM_OPTIONS: tuple[str, ...] = ("-Xms256m", "-Xmx512m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
-"""JVM flags of a broker: a small fixed heap (~400 MB RSS) and the single-threaded collector (2 cores)."""
+JVM_OPTIONS: tuple[str, ...] = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Djava.awt.headless=true",
+)
+"""JVM flags of a broker: a small fixed heap (~400 MB RSS), the single-threaded collector (2 cores),
+and the C1 compiler only. A local cluster lives for minutes, and C2 never finishes warming up in that
+time: on a 2-core machine, after a dozen 1 M-record copies, C2 compilation was still a third of the
+destination broker's CPU (25 CPU s in its first 11 minutes), landing on whatever was running. C1 compiled
+for under 1 CPU s over the same work, and the destination broker took 1.4-1.5 CPU s per million
+records copied by Ferryman instead of 2.4-3.9 (see docs/notes.md, session 8)."""
 
 _STATE_FILE = "cluster.json"
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
