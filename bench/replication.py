@@ -63,7 +63,7 @@ from bench.preload import PreloadResult, preload
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
 from bench.results import RowResult, Throughput, Verdict
-from bench.rows import ROWS, Row, RowContext, RowOptions, RowUnavailableError
+from bench.rows import ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.topics import create_topics
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
@@ -232,8 +232,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     if args.smoke:
         args.records, args.partitions, args.latency_seconds, args.warmup_seconds = 20_000, 4, 3.0, 3.0
         args.rehearsal_records = 0
-        args.rounds = _SMOKE_ROUNDS if args.rounds is None else args.rounds
-    args.rounds = _DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    if args.rounds is None:
+        args.rounds = _SMOKE_ROUNDS if args.smoke else _DEFAULT_ROUNDS
     if args.rehearsal_records is None:
         args.rehearsal_records = min(_REHEARSAL_MAX_RECORDS, args.records // 5)
     args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
@@ -480,19 +480,19 @@ def _run_row(
     latency_rate None: offer half of this row's own steady rate (the ferryman row under half-ferryman).
     round_no: which copy of the preloaded topic this is; names the row's topics apart from other rounds'.
     """
+    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}{round_tag(round_no)}"
+    work = stage.work_dir / cls.name
+    work.mkdir(parents=True, exist_ok=True)
     ctx = RowContext(
         stage.run_id,
         stage.source,
         stage.destination,
-        (),
+        (stage.topic, lat_topic),
         cfg.partitions,
-        stage.work_dir / cls.name,
+        work,
         cfg.options,
         round_no,
     )
-    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}{ctx.round_tag}"
-    ctx = replace(ctx, topics=(stage.topic, lat_topic))
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
     row = cls(ctx)
     result = RowResult(cls.name, cls.exactly_once)
     try:

@@ -60,8 +60,13 @@ class RowContext:
 
     @property
     def round_tag(self) -> str:
-        """Suffix that keeps a repeated round's names apart from the first's ("" in round 1)."""
-        return "" if self.round_no == 1 else f"-r{self.round_no}"
+        """Suffix that keeps this round's names apart from other rounds' (see ``round_tag``)."""
+        return round_tag(self.round_no)
+
+
+def round_tag(round_no: int) -> str:
+    """Suffix that keeps a repeated round's names apart from the first's ("" in round 1, "-rN" in round N)."""
+    return "" if round_no == 1 else f"-r{round_no}"
 
 
 class Row(ABC):
