@@ -182,21 +182,29 @@ class InternalTopic:
 
 
 def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float) -> None:
-    """Create the internal topics that are missing and check the shape of those that exist.
+    """Create the internal topics that are missing and check the shape of every one.
 
-    One request of each kind for all of them (create, describe, describe
-    configs): a service starting up waits for one round trip, not one per topic.
+    Existing topics are checked before anything is created, so a wrong shape
+    stops the service without leaving new topics behind (a corrected
+    configuration would then find those topics with the old shape). Requests
+    cover all topics at once: a service starting up waits for a few round trips
+    (describe, create, describe, describe configs), not a few per topic.
 
     Raises:
         TopicShapeError: a topic could not be created, or exists with another
             partition count, cleanup policy or a smaller max.message.bytes than
             Ferryman needs.
     """
-    if not wanted:
+    existing = describe_topics(admin, [t.name for t in wanted], timeout_s)
+    _check_shapes(admin, [t for t in wanted if t.name in existing], existing, timeout_s)
+    missing = [t for t in wanted if t.name not in existing]
+    if not missing:
         return
-    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in wanted]
+    new = [
+        NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in missing
+    ]
     futures = admin.create_topics(new, request_timeout=timeout_s, operation_timeout=timeout_s)
-    for t in wanted:
+    for t in missing:
         try:
             futures[t.name].result(timeout=timeout_s)
         except KafkaException as exc:
@@ -205,7 +213,14 @@ def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], 
                 raise
         else:
             _log.info("created topic %s with %d partitions %s", t.name, t.partitions, dict(t.configs) or "")
-    found = _await_topics(admin, {t.name: 1 for t in wanted}, timeout_s)
+    # Another service of the flow may have created some of them first: check them all the same.
+    _check_shapes(admin, missing, _await_topics(admin, {t.name: 1 for t in missing}, timeout_s), timeout_s)
+
+
+def _check_shapes(
+    admin: AdminClient, wanted: Sequence[InternalTopic], found: Mapping[str, TopicInfo], timeout_s: float
+) -> None:
+    """Raise TopicShapeError for the first of ``wanted`` that is missing from ``found`` or shaped otherwise."""
     for t in wanted:
         info = found.get(t.name)
         if info is None:

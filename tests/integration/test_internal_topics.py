@@ -1,4 +1,4 @@
-"""Internal topics on a real cluster: created together in one round trip, their shape checked when they exist."""
+"""Internal topics on a real cluster: created together, a few round trips in all, existing ones checked first."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_missing_topics_are_created_with_their_own_shapes_and_existing_ones_are_
         (4, {"cleanup.policy": "compact", "max.message.bytes": "1000"}, "has max.message.bytes=1000, below the 2000"),
     ],
 )
-def test_an_existing_topic_of_the_wrong_shape_is_named_in_the_error(
+def test_an_existing_topic_of_the_wrong_shape_is_named_and_nothing_is_created(
     destination_cluster: KafkaCluster,
     unique_name: Callable[[str], str],
     existing_partitions: int,
@@ -78,9 +78,10 @@ def test_an_existing_topic_of_the_wrong_shape_is_named_in_the_error(
     with pytest.raises(TopicShapeError) as caught:
         ensure_internal_topics(admin, wanted, _TIMEOUT_S)
     assert str(caught.value).startswith(f"state topic {bad} {complaint}")
-    # The check refuses to use the bad topic and leaves it as it was; the good one was still created.
+    # The bad topic is left as it was, and nothing was created: a corrected configuration must not find
+    # topics created for the wrong one.
     found = describe_topics(admin, [good, bad], _TIMEOUT_S)
-    assert found[good].partitions == 4
+    assert good not in found
     assert found[bad].partitions == existing_partitions
 
 
@@ -95,10 +96,13 @@ def test_the_deduper_refuses_a_state_topic_that_would_be_deleted_instead_of_comp
         topics=["nothing"],
         staging_partitions=4,
     )
-    state_topic = FlowNames.of(load_config(cfg).flows[0]).state_topic
+    names = FlowNames.of(load_config(cfg).flows[0])
+    state_topic = names.state_topic
     create_topic(destination_cluster.bootstrap_servers, state_topic, 4, {"cleanup.policy": "delete"})
     deduper = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "d1"]).start()
     assert deduper.wait_exit(60) == 1
     out = deduper.output()
     assert f"state topic {state_topic} has cleanup.policy=delete, expected compact" in out
     assert "Traceback" not in out
+    others = [names.staging_topic, names.specs_topic, names.offset_map_topic]
+    assert describe_topics(_admin(destination_cluster), others, _TIMEOUT_S) == {}  # it stopped before creating them
