@@ -145,16 +145,24 @@ def create_topic(
     replication_factor -1 uses the broker's ``default.replication.factor``.
     """
     topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(configs))
-    fut = admin.create_topics([topic], request_timeout=timeout_s, operation_timeout=timeout_s)[name]
-    try:
-        fut.result(timeout=timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise
-    _log.info("created topic %s with %d partitions %s", name, partitions, dict(configs) or "")
-    return True
+    return name in _create_topics(admin, [topic], timeout_s)
+
+
+def _create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float) -> set[str]:
+    """Create topics in one request; return the names created (those that already existed are not)."""
+    futures = admin.create_topics(list(new), request_timeout=timeout_s, operation_timeout=timeout_s)
+    created: set[str] = set()
+    for t in new:
+        try:
+            futures[t.topic].result(timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise
+        _log.info("created topic %s with %d partitions %s", t.topic, t.num_partitions, t.config or "")
+        created.add(t.topic)
+    return created
 
 
 def grow_partitions(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> None:
@@ -200,19 +208,11 @@ def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], 
     missing = [t for t in wanted if t.name not in existing]
     if not missing:
         return
-    new = [
-        NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in missing
-    ]
-    futures = admin.create_topics(new, request_timeout=timeout_s, operation_timeout=timeout_s)
-    for t in missing:
-        try:
-            futures[t.name].result(timeout=timeout_s)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise
-        else:
-            _log.info("created topic %s with %d partitions %s", t.name, t.partitions, dict(t.configs) or "")
+    _create_topics(
+        admin,
+        [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in missing],
+        timeout_s,
+    )
     # Another service of the flow may have created some of them first: check them all the same.
     _check_shapes(admin, missing, _await_topics(admin, {t.name: 1 for t in missing}, timeout_s), timeout_s)
 
