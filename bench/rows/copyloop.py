@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
+
 from bench.rows.base import Row
 from bench.topics import create_topics
 
@@ -34,27 +36,33 @@ class CopyLoopRow(Row):
         """Create the destination topics: unlike MirrorMaker 2 and Ferryman, a bare loop does not."""
         create_topics(self.ctx.destination, [self.destination_topic(t) for t in self.ctx.topics], self.ctx.partitions)
 
+    def argv(self) -> list[str]:
+        """The loop's command line: ``python -m bench.copyloop`` on every topic of the row."""
+        return [
+            sys.executable,
+            "-m",
+            "bench.copyloop",
+            "--source",
+            self.ctx.source,
+            "--destination",
+            self.ctx.destination,
+            "--prefix",
+            self.alias,
+            "--group",
+            f"bench-copyloop-{self.ctx.run_id}",
+            "--linger-ms",
+            str(_LINGER_MS),
+            "--compression",
+            _COMPRESSION,
+            # The services' streaming consumer settings, passed so the loop need not import ferryman.
+            *(f"--consumer-property={k}={v}" for k, v in STREAMING_CONSUMER_DEFAULTS.items()),
+            *self.ctx.topics,
+        ]
+
     def launch(self) -> None:
-        """Start ``python -m bench.copyloop`` on every topic of the row."""
+        """Start the loop (``argv()``)."""
         self._spawn(
-            [
-                sys.executable,
-                "-m",
-                "bench.copyloop",
-                "--source",
-                self.ctx.source,
-                "--destination",
-                self.ctx.destination,
-                "--prefix",
-                self.alias,
-                "--group",
-                f"bench-copyloop-{self.ctx.run_id}",
-                "--linger-ms",
-                str(_LINGER_MS),
-                "--compression",
-                _COMPRESSION,
-                *self.ctx.topics,
-            ],
+            self.argv(),
             "copyloop.log",
             env={"PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")]))},
         )
