@@ -55,6 +55,7 @@ from typing import Any
 import confluent_kafka
 from ferryman_local import LocalCluster, start_clusters
 
+from bench.bytecode import compile_launched_code
 from bench.errors import BenchError
 from bench.latency import LatencyResult
 from bench.latency import measure as measure_latency
@@ -646,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[RowResult] = []
     floor: LatencyResult | None = None
     stage: Stage | None = None
+    if not compile_launched_code():
+        _log("set-up failed: the launched code does not compile")
+        return 2
     try:
         if cfg.source and cfg.destination:
             source, destination, broker_pids = cfg.source, cfg.destination, []
