@@ -3,10 +3,14 @@
 A producer writes records at a steady rate to a source topic the replicator
 already follows; a read_committed consumer of the destination stamps each record
 when it becomes visible. Latency is that wall-clock time minus the record's
-timestamp (CreateTime, set by the producer at ``produce()``), both on this machine.
-It therefore includes the producer's own linger, the replicator and, for the
-exactly-once rows, the wait for the transaction commit. Every visible copy is
-counted (an at-least-once row's duplicates too).
+timestamp, which is the source broker's append time: the latency topics are
+created with ``message.timestamp.type=LogAppendTime`` (``SOURCE_TOPIC_CONFIG``),
+and every replicator keeps the source timestamp on its copy (the watcher checks
+that each copy carries it as CreateTime). So the latency runs from the source
+append to the destination's visibility, as the goal names it, and leaves out
+the generator's own batching and queueing. For the exactly-once rows it includes
+the wait for the transaction commit. Every visible copy is counted (an
+at-least-once row's duplicates too).
 
 The generator and the reader share the machine with the replicator and both
 clusters, so the phase also records how busy the whole machine was and what the
@@ -26,12 +30,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-from confluent_kafka import KafkaException
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaException
 
 from bench.loader import LoadProducer
 from bench.records import padding, split_counts
 from bench.verify import LiveWatcher
 
+#: Configs of a source topic the latency phase offers its load to: the broker stamps
+#: each record with its append time, where the latency starts.
+SOURCE_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+#: The generator's linger: librdkafka's default, as a source application would run.
+#: Its batching is not in the latency (which starts at the append), and batches of
+#: 5 ms instead of 1 ms spare the source broker requests.
+_GENERATOR_LINGER_MS = 5
 #: Pacing granularity of the offered load: records due are produced every millisecond,
 #: so the load is smooth at the scale of a broker round trip.
 _PACING_TICK_S = 0.001
@@ -132,9 +143,8 @@ def offer(
     """
     load = LoadProducer(
         bootstrap,
-        # 1 ms: the producer's batching adds at most 1 ms to what is measured. High offered
-        # rates: room for a second of records while the broker catches up.
-        **{"linger.ms": 1, "queue.buffering.max.messages": 1_000_000},
+        # High offered rates: room for a second of records while the broker catches up.
+        **{"linger.ms": _GENERATOR_LINGER_MS, "queue.buffering.max.messages": 1_000_000},
     )
     producer = load.producer
     # Connection and metadata first: the first records must not carry the producer's start-up.
@@ -179,17 +189,25 @@ def measure(
     (right after the last is visible), so neither the generator's start-up nor the
     replicator's idle time before the load counts.
 
-    The replicator must already follow ``source_topic`` (which must be empty) and
-    be caught up, so that only the offered records are in flight. With ``destination``
-    and ``destination_topic`` naming the source itself, nothing replicates: the
-    latency measured is that of the generator, the source broker and the reader.
+    The replicator must already follow ``source_topic`` (which must be empty and
+    created with ``SOURCE_TOPIC_CONFIG``) and be caught up, so that only the offered
+    records are in flight. With ``destination`` and ``destination_topic`` naming the
+    source itself, nothing replicates: the latency measured is that of the source
+    broker and the reader, with the generator beside them on the machine.
     """
     records = max(1, int(rate * seconds))
     counts = split_counts(records, partitions)
     deadline = time.monotonic() + seconds + _FLUSH_BUDGET_S + _DRAIN_BUDGET_S
     first: list[_Usage] = []
+    floor = (destination, destination_topic) == (source, source_topic)
     watcher = LiveWatcher(
-        destination, destination_topic, counts, deadline, latency=True, on_first=lambda: first.append(_Usage.now())
+        destination,
+        destination_topic,
+        counts,
+        deadline,
+        # The source's append time: as stamped there (the floor), or kept by the replicator as the copy's CreateTime.
+        latency=TIMESTAMP_LOG_APPEND_TIME if floor else TIMESTAMP_CREATE_TIME,
+        on_first=lambda: first.append(_Usage.now()),
     )
     error: str | None = None
     achieved = generator_cpu_s = math.nan

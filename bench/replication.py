@@ -17,7 +17,8 @@ for each row:
    while the CPU and RSS of the row's process trees (and the brokers' CPU) are sampled;
 2. latency: a fixed load below the maximum is offered to a second, empty source
    topic the row already follows, and the reader measures visible time minus
-   each record's CreateTime (p50, p99, max);
+   each record's source append time (the topic is LogAppendTime; replicators keep
+   the timestamp on the copy) (p50, p99, max);
 3. verdict: the row is stopped and its destination topic read back in full:
    every source (partition, seq) must be present; exactly-once rows must have no
    duplicate and keep per-partition order. A row that fails is marked FAILED and
@@ -57,7 +58,7 @@ from ferryman_local import LocalCluster, start_clusters
 
 from bench.bytecode import compile_launched_code
 from bench.errors import BenchError
-from bench.latency import LatencyResult
+from bench.latency import SOURCE_TOPIC_CONFIG, LatencyResult
 from bench.latency import measure as measure_latency
 from bench.measure import TreeSampler
 from bench.preload import PreloadResult, preload
@@ -300,9 +301,9 @@ def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def _create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
     # retention.ms=-1: nothing is deleted under the bench, whatever the broker's retention checks.
-    create_topics(bootstrap, [topic], partitions, {"retention.ms": "-1"})
+    create_topics(bootstrap, [topic], partitions, {"retention.ms": "-1", **(config or {})})
 
 
 def _audit_budget(records: int) -> float:
@@ -507,7 +508,7 @@ def _run_row(
     try:
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
-            _create_topic(stage.source, lat_topic, cfg.partitions)
+            _create_topic(stage.source, lat_topic, cfg.partitions, SOURCE_TOPIC_CONFIG)
             row.prepare()
             _measure(row, cfg, stage, lat_topic, latency_rate, result, cleanup)
         if result.throughput is not None and result.throughput.records:
@@ -618,7 +619,7 @@ def _latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult
     measurement itself takes.
     """
     topic = f"{stage.topic}-lat-floor"
-    _create_topic(stage.source, topic, cfg.partitions)
+    _create_topic(stage.source, topic, cfg.partitions, SOURCE_TOPIC_CONFIG)
     return _latency_phase(cfg, "latency floor (no replicator)", stage.source, topic, stage.source, topic, rate)
 
 

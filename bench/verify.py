@@ -43,6 +43,7 @@ _value: Any = Message.value
 _error: Any = Message.error
 _timestamp: Any = Message.timestamp
 _header = itemgetter(slice(0, HEADER_BYTES))
+_first = itemgetter(0)
 _second = itemgetter(1)
 
 
@@ -213,16 +214,20 @@ class LiveWatcher:
     """Follows a destination topic on a thread while a replicator runs.
 
     Stamps (``time.monotonic()``) every batch that brought new records (``timeline``:
-    time and records visible so far) and,
-    with ``latency=True``, for every record the wall-clock visible time minus its
-    timestamp (CreateTime, set by the source producer on this same machine).
+    time and records visible so far) and, with ``latency`` set, for every record
+    the wall-clock visible time minus its timestamp: the source broker's append
+    time, on this same machine. A replicator keeps it as the copy's timestamp
+    (CreateTime at the destination); a record whose timestamp type is not the one
+    ``latency`` names was stamped somewhere else, so its latency would measure
+    something else: the watcher stops with an error.
 
     Args:
         bootstrap: destination cluster.
         topic: destination topic (created by the replicator; waited for).
         counts: records per source partition.
         deadline: ``time.monotonic()`` after which the watcher gives up.
-        latency: collect per-record latencies.
+        latency: collect per-record latencies from records whose timestamp type
+            (``confluent_kafka.TIMESTAMP_*``) is this one; None: no latencies.
         on_first: called on the watcher thread when the first records are visible.
     """
 
@@ -233,7 +238,7 @@ class LiveWatcher:
         counts: Sequence[int],
         deadline: float,
         *,
-        latency: bool = False,
+        latency: int | None = None,
         on_first: Callable[[], None] | None = None,
     ) -> None:
         self.tally = Tally(counts)
@@ -265,10 +270,17 @@ class LiveWatcher:
                 if not msgs:
                     continue
                 now = time.monotonic()
-                if self._latency:
+                if self._latency is not None:
                     now_ms = time.time() * 1000.0
                     records = [m for m in msgs if m.error() is None] if any(map(_error, msgs)) else msgs
-                    lat.extend(map(now_ms.__sub__, map(_second, map(_timestamp, records))))
+                    stamps = list(map(_timestamp, records))  # (type, ms) of each record
+                    if any(map(self._latency.__ne__, map(_first, stamps))):
+                        self.error = (
+                            f"{self._topic}: a record's timestamp type is not {self._latency} (its timestamp is not "
+                            "the source broker's append time, so its latency would measure something else)"
+                        )
+                        return
+                    lat.extend(map(now_ms.__sub__, map(_second, stamps)))
                 before = tally.unique
                 if tally.add(msgs) == 0:
                     continue
