@@ -19,7 +19,16 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 from ferryman.topics import watermark_offsets
 
@@ -45,6 +54,12 @@ _timestamp: Any = Message.timestamp
 _header = itemgetter(slice(0, HEADER_BYTES))
 _first = itemgetter(0)
 _second = itemgetter(1)
+#: confluent-kafka's timestamp type codes, by the name Kafka gives them.
+_TIMESTAMP_TYPES = {
+    TIMESTAMP_NOT_AVAILABLE: "none",
+    TIMESTAMP_CREATE_TIME: "CreateTime",
+    TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime",
+}
 
 
 def _consumer(bootstrap: str, *, eof: bool, isolation: str = "read_committed") -> Consumer:
@@ -275,9 +290,11 @@ class LiveWatcher:
                     records = [m for m in msgs if m.error() is None] if any(map(_error, msgs)) else msgs
                     stamps = list(map(_timestamp, records))  # (type, ms) of each record
                     if any(map(self._latency.__ne__, map(_first, stamps))):
+                        found = next(t for t, _ms in stamps if t != self._latency)
                         self.error = (
-                            f"{self._topic}: a record's timestamp type is not {self._latency} (its timestamp is not "
-                            "the source broker's append time, so its latency would measure something else)"
+                            f"{self._topic}: a record's timestamp is {_TIMESTAMP_TYPES.get(found, found)}, expected "
+                            f"{_TIMESTAMP_TYPES.get(self._latency, self._latency)}: it is not the source broker's "
+                            "append time, so its latency would measure something else"
                         )
                         return
                     lat.extend(map(now_ms.__sub__, map(_second, stamps)))

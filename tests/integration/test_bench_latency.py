@@ -60,7 +60,7 @@ def test_copies_stamped_anywhere_else_stop_the_measurement(
     counts = _appended_topic(source_cluster, topic, 10)
     watcher = _watch(source_cluster, topic, counts, TIMESTAMP_CREATE_TIME)
     assert watcher.error is not None
-    assert "timestamp type" in watcher.error
+    assert "timestamp is LogAppendTime, expected CreateTime" in watcher.error
     assert watcher.latencies_ms == []
 
 
