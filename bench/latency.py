@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -77,6 +77,8 @@ class LatencyResult:
     read_committed reader stamping every record, its consumer threads, the bench's samplers."""
     replicator_cpu_s: float = math.nan
     """CPU seconds of the replicator's processes over the whole phase (NaN: nothing replicated)."""
+    replicator_cpu_s_by_program: Mapping[str, float] = field(default_factory=dict)
+    """``replicator_cpu_s`` split by the program each process tree was launched as."""
 
     @property
     def complete(self) -> bool:

@@ -16,8 +16,9 @@ class TreeSampler:
     """Samples processes and all their descendants on a thread.
 
     CPU is user + system time of every process seen (a process that exits keeps
-    its last sample), plus what each process collected from children it reaped.
-    RSS is summed over the live processes at each sample; the peak is kept.
+    its last sample), plus what each process collected from children it reaped;
+    ``by_root()`` splits it by root process (each with its descendants). RSS is
+    summed over the live processes at each sample; the peak is kept.
 
     Args:
         pids: root processes (e.g. a JVM, a Python service, a shell that started one).
@@ -31,6 +32,7 @@ class TreeSampler:
             except psutil.NoSuchProcess:
                 continue
         self._cpu: dict[int, float] = {}
+        self._root_of: dict[int, int] = {}  # pid -> pid of the root of its tree
         self._lock = threading.Lock()
         self.peak_rss_bytes = 0
         self._stop = threading.Event()
@@ -38,11 +40,12 @@ class TreeSampler:
         self.sample()
         self._thread.start()
 
-    def _tree(self) -> list[psutil.Process]:
-        out: list[psutil.Process] = []
+    def _tree(self) -> list[tuple[int, psutil.Process]]:
+        """(root pid, process) of every live process of every tree."""
+        out: list[tuple[int, psutil.Process]] = []
         for root in self._roots:
             try:
-                out.extend([root, *root.children(recursive=True)])
+                out.extend((root.pid, p) for p in (root, *root.children(recursive=True)))
             except psutil.NoSuchProcess:
                 continue
         return out
@@ -51,7 +54,7 @@ class TreeSampler:
         """Take a sample now; return the CPU seconds used so far."""
         rss = 0
         with self._lock:
-            for proc in self._tree():
+            for root, proc in self._tree():
                 try:
                     with proc.oneshot():
                         t = proc.cpu_times()
@@ -59,9 +62,18 @@ class TreeSampler:
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue
                 self._cpu[proc.pid] = t.user + t.system + t.children_user + t.children_system
+                self._root_of[proc.pid] = root
                 rss += mem
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
             return sum(self._cpu.values())
+
+    def by_root(self) -> dict[int, float]:
+        """CPU seconds of each root's tree (root pid: seconds) as of the last sample."""
+        with self._lock:
+            out = dict.fromkeys((r.pid for r in self._roots), 0.0)
+            for pid, cpu in self._cpu.items():
+                out[self._root_of[pid]] += cpu
+            return out
 
     def _run(self) -> None:
         while not self._stop.wait(_SAMPLE_INTERVAL_S):

@@ -566,13 +566,17 @@ def _measure(
     _log(f"{row.name}: launched (logs in {row.ctx.work_dir}); copying {sum(stage.counts):,} records")
     failure = _await_copy(row, watcher, deadline)
     cpu_s = sampler.sample()
+    cpu_by_program = _by_program(sampler, row)
     broker_cpu_s = brokers.sample() if brokers else math.nan
     watcher.stop(_WATCHER_STOP_BUDGET_S)
     tp = _throughput(stage, cfg.value_bytes, watcher, launched, first, cpu_s, broker_cpu_s, broker_cpu_at_launch)
+    tp = replace(tp, cpu_s_by_program=cpu_by_program)
     result.throughput = tp
+    split = ", ".join(f"{k} {v / tp.records * 1e6:.2f}" for k, v in cpu_by_program.items()) if tp.records else ""
     _log(
         f"{row.name}: {tp.records:,} visible; steady {tp.steady_rps or math.nan:,.0f} rec/s, "
         f"from start {tp.from_start_rps or math.nan:,.0f} rec/s, {tp.cpu_s_per_m or math.nan:.1f} CPU s/M"
+        + (f" ({split})" if len(cpu_by_program) > 1 else "")
     )
     if failure:
         result.fail(failure)
@@ -582,11 +586,28 @@ def _measure(
     if latency_rate is None:
         latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
     cpu_before = sampler.sample()
+    by_program_before = _by_program(sampler, row)
     lat = _latency_phase(
         cfg, row.name, stage.source, lat_topic, stage.destination, row.destination_topic(lat_topic), latency_rate
     )
-    result.latency = replace(lat, replicator_cpu_s=sampler.sample() - cpu_before)
-    _log(f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M")
+    cpu_after = sampler.sample()
+    by_program = {k: v - by_program_before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
+    result.latency = replace(lat, replicator_cpu_s=cpu_after - cpu_before, replicator_cpu_s_by_program=by_program)
+    split = ", ".join(f"{k} {v / lat.records * 1e6:.2f}" for k, v in by_program.items()) if lat.records else ""
+    _log(
+        f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M"
+        + (f" ({split})" if len(by_program) > 1 else "")
+    )
+
+
+def _by_program(sampler: TreeSampler, row: Row) -> dict[str, float]:
+    """The sampler's last reading split by program (processes launched as the same program summed)."""
+    programs = row.programs()
+    out: dict[str, float] = {}
+    for pid, cpu in sampler.by_root().items():
+        name = programs.get(pid, str(pid))
+        out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 def _latency_phase(

@@ -58,6 +58,9 @@ class Throughput:
     timeline: list[tuple[float, int]]
     """``(seconds since launch, records visible)``, thinned to at most 200 points: shows
     whether records became visible steadily or in lumps (large transactions)."""
+    cpu_s_by_program: Mapping[str, float] = field(default_factory=dict)
+    """``cpu_s`` split by the program each process tree was launched as (for Ferryman:
+    ``ferryman-wrapper`` and ``ferryman-deduper``, each summed over its processes)."""
 
 
 @dataclass(frozen=True)

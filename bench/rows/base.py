@@ -114,6 +114,10 @@ class Row(ABC):
         self._logs.append((Path(argv[0]).name, log))
         self.processes.append(procs.spawn(argv, log, env))
 
+    def programs(self) -> dict[int, str]:
+        """The program each of the row's processes was launched as, by pid."""
+        return {proc.pid: program for proc, (program, _log) in zip(self.processes, self._logs, strict=True)}
+
     def exited(self) -> str | None:
         """Describe a process of the row that has exited (with its log tail), or None."""
         for proc, (program, log) in zip(self.processes, self._logs, strict=True):

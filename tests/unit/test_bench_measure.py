@@ -1,0 +1,57 @@
+"""The bench's CPU sampler splits a row's CPU by the process tree each root started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from bench.measure import TreeSampler
+
+#: Spins until it has used ~0.3 CPU s.
+_BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+#: Runs _BURN in a child of its own, then says so and waits for stdin to close.
+_BURNER = f"""
+import subprocess, sys
+subprocess.run([sys.executable, "-c", {_BURN!r}], check=True)
+print("burnt", flush=True)
+sys.stdin.read()
+"""
+#: Starts, says so, and waits for stdin to close.
+_IDLER = 'import sys; print("idle", flush=True); sys.stdin.read()'
+
+
+@pytest.fixture
+def roots() -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str]]]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for code in (_BURNER, _IDLER)
+    ]
+    try:
+        yield procs[0], procs[1]
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(30)
+
+
+def test_cpu_is_split_by_root_with_the_work_of_its_descendants(
+    roots: tuple[subprocess.Popen[str], subprocess.Popen[str]],
+) -> None:
+    burner, idler = roots
+    sampler = TreeSampler([burner.pid, idler.pid])
+    try:
+        assert burner.stdout is not None and idler.stdout is not None
+        assert burner.stdout.readline().strip() == "burnt"  # its child burnt the CPU and was reaped
+        assert idler.stdout.readline().strip() == "idle"
+        total = sampler.sample()
+        split = sampler.by_root()
+    finally:
+        sampler.stop()
+    assert set(split) == {burner.pid, idler.pid}
+    assert split[burner.pid] >= 0.25  # the reaped child's CPU counts for the root that started it
+    assert split[idler.pid] < split[burner.pid]
+    assert sum(split.values()) == pytest.approx(total)
