@@ -572,11 +572,10 @@ def _measure(
     tp = _throughput(stage, cfg.value_bytes, watcher, launched, first, cpu_s, broker_cpu_s, broker_cpu_at_launch)
     tp = replace(tp, cpu_s_by_program=cpu_by_program)
     result.throughput = tp
-    split = ", ".join(f"{k} {v / tp.records * 1e6:.2f}" for k, v in cpu_by_program.items()) if tp.records else ""
     _log(
         f"{row.name}: {tp.records:,} visible; steady {tp.steady_rps or math.nan:,.0f} rec/s, "
         f"from start {tp.from_start_rps or math.nan:,.0f} rec/s, {tp.cpu_s_per_m or math.nan:.1f} CPU s/M"
-        + (f" ({split})" if len(cpu_by_program) > 1 else "")
+        + _split_per_million(cpu_by_program, tp.records)
     )
     if failure:
         result.fail(failure)
@@ -593,11 +592,20 @@ def _measure(
     cpu_after = sampler.sample()
     by_program = {k: v - by_program_before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
     result.latency = replace(lat, replicator_cpu_s=cpu_after - cpu_before, replicator_cpu_s_by_program=by_program)
-    split = ", ".join(f"{k} {v / lat.records * 1e6:.2f}" for k, v in by_program.items()) if lat.records else ""
     _log(
         f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M"
-        + (f" ({split})" if len(by_program) > 1 else "")
+        + _split_per_million(by_program, lat.records)
     )
+
+
+def _split_per_million(cpu_by_program: dict[str, float], records: int) -> str:
+    """CPU s per million records of each program, as a suffix for a log line, when there are several.
+
+    For instance ``" (ferryman-deduper 1.30, ferryman-wrapper 1.10)"``; "" for a one-program row.
+    """
+    if len(cpu_by_program) < 2 or not records:
+        return ""
+    return " (" + ", ".join(f"{k} {v / records * 1e6:.2f}" for k, v in cpu_by_program.items()) + ")"
 
 
 def _by_program(sampler: TreeSampler, row: Row) -> dict[str, float]:
