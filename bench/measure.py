@@ -31,8 +31,7 @@ class TreeSampler:
                 self._roots.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        self._cpu: dict[int, float] = {}
-        self._root_of: dict[int, int] = {}  # pid -> pid of the root of its tree
+        self._cpu: dict[int, tuple[int, float]] = {}  # pid -> (pid of the root of its tree, CPU seconds)
         self._lock = threading.Lock()
         self.peak_rss_bytes = 0
         self._stop = threading.Event()
@@ -61,18 +60,17 @@ class TreeSampler:
                         mem = proc.memory_info().rss
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue
-                self._cpu[proc.pid] = t.user + t.system + t.children_user + t.children_system
-                self._root_of[proc.pid] = root
+                self._cpu[proc.pid] = (root, t.user + t.system + t.children_user + t.children_system)
                 rss += mem
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            return sum(self._cpu.values())
+            return sum(cpu for _root, cpu in self._cpu.values())
 
     def by_root(self) -> dict[int, float]:
         """CPU seconds of each root's tree (root pid: seconds) as of the last sample."""
         with self._lock:
             out = dict.fromkeys((r.pid for r in self._roots), 0.0)
-            for pid, cpu in self._cpu.items():
-                out[self._root_of[pid]] += cpu
+            for root, cpu in self._cpu.values():
+                out[root] += cpu
             return out
 
     def _run(self) -> None:

@@ -584,14 +584,15 @@ def _measure(
         return
     if latency_rate is None:
         latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
-    cpu_before = sampler.sample()
-    by_program_before = _by_program(sampler, row)
+    sampler.sample()
+    before = _by_program(sampler, row)
     lat = _latency_phase(
         cfg, row.name, stage.source, lat_topic, stage.destination, row.destination_topic(lat_topic), latency_rate
     )
-    cpu_after = sampler.sample()
-    by_program = {k: v - by_program_before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
-    result.latency = replace(lat, replicator_cpu_s=cpu_after - cpu_before, replicator_cpu_s_by_program=by_program)
+    sampler.sample()
+    by_program = {k: v - before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
+    # The programs' shares add up to the whole: every process sampled belongs to one root.
+    result.latency = replace(lat, replicator_cpu_s=sum(by_program.values()), replicator_cpu_s_by_program=by_program)
     _log(
         f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M"
         + _split_per_million(by_program, lat.records)
