@@ -26,6 +26,8 @@ from tests.unit._fakes import (
     wire_batch,
 )
 
+pytestmark = pytest.mark.usefixtures("each_codec")
+
 SRC = envelope_pb2.SourcePartition(cluster_id="c-1", topic="orders", topic_id=b"\x07" * 16, partition=3)
 
 

@@ -20,6 +20,8 @@ from ferryman.v1 import envelope_pb2
 
 from tests.unit._fakes import Seen, run_of_seen, wire_batch
 
+pytestmark = pytest.mark.usefixtures("each_codec")
+
 SRC = envelope_pb2.SourcePartition(cluster_id="src-cluster", topic="orders", topic_id=bytes(range(16)), partition=7)
 CREATE = envelope_pb2.TIMESTAMP_TYPE_CREATE_TIME
 APPEND = envelope_pb2.TIMESTAMP_TYPE_LOG_APPEND_TIME

@@ -108,6 +108,52 @@ def build_envelopes(
     n = len(messages)
     if not n:
         return
+    prev = previous_offset
+    codec = envelope.batchcodec
+    if codec is not None:
+        # Compiled fast path: each piece of max_records records is encoded in one
+        # pass, and kept when it is known to fit (as below). A record with headers,
+        # or a piece not known to fit, hands the rest to the pure-Python path.
+        msgs = messages if isinstance(messages, list) else list(messages)
+        lo = 0
+        while lo < n:
+            hi = min(n, lo + max_records)
+            data = codec.encode_messages(msgs, lo, hi)
+            if data is None or len(data) + envelope.RECORD_OVERHEAD_BYTES * (hi - lo) > max_bytes:
+                break
+            last = _offset(msgs[hi - 1])
+            value = envelope.wrap_payload(
+                source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch
+            )
+            yield BuiltEnvelope(value, last, hi - lo)
+            prev = last
+            lo = hi
+        if lo == n:
+            return
+        messages, n = msgs[lo:], n - lo
+    yield from _build_by_columns(
+        messages,
+        source,
+        prev,
+        wrapper_id=wrapper_id,
+        wrapper_epoch=wrapper_epoch,
+        max_records=max_records,
+        max_bytes=max_bytes,
+    )
+
+
+def _build_by_columns(
+    messages: Sequence[Message],
+    source: envelope_pb2.SourcePartition,
+    previous_offset: int,
+    *,
+    wrapper_id: str,
+    wrapper_epoch: int,
+    max_records: int,
+    max_bytes: int,
+) -> Iterator[BuiltEnvelope]:
+    """build_envelopes in pure Python: the columns as lists, each envelope through the protobuf library."""
+    n = len(messages)
     # A run without holes (the usual case) needs no offset column: its two ends give every offset.
     first, last = _offset(messages[0]), _offset(messages[-1])
     offsets: Sequence[int] = range(first, last + 1) if last - first == n - 1 else list(map(_offset, messages))

@@ -221,11 +221,12 @@ class Wrapper:
         self._consumer = self._make_consumer()
         self._start_control()
         _log.info(
-            "wrapper %s starting: flow %s, source cluster %s, staging %s",
+            "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s",
             self.wrapper_id,
             self._flow.name,
             self._cluster_id,
             self._names.staging_topic,
+            envelope.CODEC,
         )
         self._server.set_serving(_SERVICE_NAME, True)
         try:

@@ -1,0 +1,339 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""Compiled fast path of the columnar RecordBatch codec (see envelope.proto).
+
+Why it exists: the pure-Python codec (``ferryman.envelope``) moves each column
+through a Python list and a protobuf repeated field, which costs ~230 ns per
+record to build and ~120 ns to read back on this machine: a quarter of what
+Ferryman spends per record beyond a bare copy loop. Here one pass over the
+consumed messages writes the protobuf wire format straight into the output
+bytes, and one pass over those bytes makes the column lists the deduper
+produces from.
+
+What it handles, and what it leaves: only the common shape.
+``encode_messages`` returns None when a record has headers, and
+``decode_columns`` returns None for anything but the canonical columnar form
+(the row form, unpacked repeated scalars, unexpected wire types, malformed
+bytes); the caller then takes the protobuf library's path, which stays the
+reference for both directions. The tests hold the two paths to the same
+results.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+from confluent_kafka import Message
+
+cdef object _offset = Message.offset
+cdef object _key = Message.key
+cdef object _value = Message.value
+cdef object _headers = Message.headers
+cdef object _timestamp = Message.timestamp
+
+# RecordBatch field tags (field number << 3 | wire type).
+cdef enum:
+    TAG_RECORDS = 0x0A
+    TAG_OFFSETS = 0x12
+    TAG_TIMESTAMPS = 0x1A
+    TAG_TYPES = 0x22
+    TAG_KEYS = 0x2A
+    TAG_NULL_KEYS = 0x32
+    TAG_VALUES = 0x3A
+    TAG_NULL_VALUES = 0x42
+    TAG_HEADERS = 0x4A
+    TAG_BASE_OFFSET = 0x50
+
+# confluent-kafka's timestamp type codes 0..2 are the proto enum's values 1..3.
+cdef enum:
+    TYPE_SHIFT = 1
+    KNOWN_TYPE_CODES = 3
+
+
+cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline unsigned char* _put_varint(unsigned char* p, uint64_t v) noexcept nogil:
+    while v >= 0x80:
+        p[0] = <unsigned char>((v & 0x7F) | 0x80)
+        v >>= 7
+        p += 1
+    p[0] = <unsigned char>v
+    return p + 1
+
+
+cdef inline Py_ssize_t _packed_size(const int64_t* xs, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t size = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        size += _varint_size(<uint64_t>xs[i])
+    return size
+
+
+cdef inline unsigned char* _put_packed(unsigned char* p, int tag, const int64_t* xs, Py_ssize_t n,
+                                       Py_ssize_t body) noexcept nogil:
+    cdef Py_ssize_t i
+    p[0] = <unsigned char>tag
+    p = _put_varint(p + 1, <uint64_t>body)
+    for i in range(n):
+        p = _put_varint(p, <uint64_t>xs[i])
+    return p
+
+
+cdef inline Py_ssize_t _field_size(Py_ssize_t body) noexcept nogil:
+    """A length-delimited field's size with its one-byte tag and length prefix."""
+    return 1 + _varint_size(<uint64_t>body) + body
+
+
+cdef Py_ssize_t _column_size(list column, Py_ssize_t n, int64_t* nulls, Py_ssize_t* null_count) except -1:
+    """Wire size of a keys/values column's entries; fills nulls with the None entries' indexes."""
+    cdef Py_ssize_t size = 0
+    cdef Py_ssize_t i, k = 0, length
+    cdef PyObject* item
+    for i in range(n):
+        item = PyList_GET_ITEM(column, i)
+        if item == <PyObject*>None:
+            nulls[k] = i
+            k += 1
+            size += 2  # tag and a zero length, when written as an empty entry
+        else:
+            length = PyBytes_GET_SIZE(<object>item)
+            size += 1 + _varint_size(<uint64_t>length) + length
+    null_count[0] = k
+    return size
+
+
+cdef unsigned char* _put_column(unsigned char* p, int tag, list column, Py_ssize_t n):
+    cdef Py_ssize_t i, length
+    cdef PyObject* item
+    for i in range(n):
+        item = PyList_GET_ITEM(column, i)
+        p[0] = <unsigned char>tag
+        if item == <PyObject*>None:
+            p[1] = 0
+            p += 2
+        else:
+            length = PyBytes_GET_SIZE(<object>item)
+            p = _put_varint(p + 1, <uint64_t>length)
+            memcpy(p, PyBytes_AS_STRING(<object>item), length)
+            p += length
+    return p
+
+
+def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
+    """The serialized columnar RecordBatch of messages[lo:hi], or None when a record has headers.
+
+    The messages are consumed records of one partition in increasing offset
+    order (no error events); keys and values are bytes or None. The result
+    parses to the same RecordBatch the pure-Python codec builds, except that
+    timestamp types are written once whenever this slice's are uniform.
+    """
+    cdef Py_ssize_t n = hi - lo
+    cdef Py_ssize_t i
+    cdef object m, stamp
+    cdef int64_t first, last
+    cdef bint consecutive
+    cdef int64_t* ints = NULL
+    cdef int64_t* offsets
+    cdef int64_t* stamps
+    cdef int64_t* types
+    cdef int64_t* null_keys
+    cdef int64_t* null_values
+    cdef Py_ssize_t n_null_keys = 0, n_null_values = 0, n_types
+    cdef Py_ssize_t offsets_body = 0, stamps_body, types_body, keys_size, values_size
+    cdef Py_ssize_t null_keys_body = 0, null_values_body = 0, size
+    cdef int64_t code
+    cdef bytes out
+    cdef unsigned char* p
+    if n <= 0 or lo < 0 or hi > PyList_GET_SIZE(messages):
+        raise ValueError(f"bad slice [{lo}:{hi}] of {PyList_GET_SIZE(messages)} messages")
+    first = _offset(<object>PyList_GET_ITEM(messages, lo))
+    last = _offset(<object>PyList_GET_ITEM(messages, hi - 1))
+    consecutive = last - first == n - 1
+    keys = PyList_New(n)
+    values = PyList_New(n)
+    ints = <int64_t*>PyMem_Malloc(5 * n * sizeof(int64_t))
+    if ints == NULL:
+        raise MemoryError()
+    offsets, stamps, types = ints, ints + n, ints + 2 * n
+    null_keys, null_values = ints + 3 * n, ints + 4 * n
+    try:
+        for i in range(n):
+            m = <object>PyList_GET_ITEM(messages, lo + i)
+            if _headers(m) is not None:
+                return None
+            k = _key(m)
+            Py_INCREF(k)
+            PyList_SET_ITEM(keys, i, k)
+            v = _value(m)
+            Py_INCREF(v)
+            PyList_SET_ITEM(values, i, v)
+            stamp = _timestamp(m)
+            code = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 0))
+            types[i] = code + TYPE_SHIFT if 0 <= code < KNOWN_TYPE_CODES else 0
+            stamps[i] = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 1))
+            if not consecutive:
+                offsets[i] = _offset(m)
+        n_types = 1
+        for i in range(1, n):
+            if types[i] != types[0]:
+                n_types = n
+                break
+        stamps_body = _packed_size(stamps, n)
+        types_body = _packed_size(types, n_types)
+        size = _field_size(stamps_body) + _field_size(types_body)
+        if consecutive:
+            if first:
+                size += 1 + _varint_size(<uint64_t>first)
+        else:
+            offsets_body = _packed_size(offsets, n)
+            size += _field_size(offsets_body)
+        keys_size = _column_size(keys, n, null_keys, &n_null_keys)
+        values_size = _column_size(values, n, null_values, &n_null_values)
+        if n_null_keys < n:
+            size += keys_size
+            if n_null_keys:
+                null_keys_body = _packed_size(null_keys, n_null_keys)
+                size += _field_size(null_keys_body)
+        if n_null_values < n:
+            size += values_size
+            if n_null_values:
+                null_values_body = _packed_size(null_values, n_null_values)
+                size += _field_size(null_values_body)
+        out = PyBytes_FromStringAndSize(NULL, size)
+        p = <unsigned char*>PyBytes_AS_STRING(out)
+        if not consecutive:
+            p = _put_packed(p, TAG_OFFSETS, offsets, n, offsets_body)
+        p = _put_packed(p, TAG_TIMESTAMPS, stamps, n, stamps_body)
+        p = _put_packed(p, TAG_TYPES, types, n_types, types_body)
+        if n_null_keys < n:
+            p = _put_column(p, TAG_KEYS, keys, n)
+            if n_null_keys:
+                p = _put_packed(p, TAG_NULL_KEYS, null_keys, n_null_keys, null_keys_body)
+        if n_null_values < n:
+            p = _put_column(p, TAG_VALUES, values, n)
+            if n_null_values:
+                p = _put_packed(p, TAG_NULL_VALUES, null_values, n_null_values, null_values_body)
+        if consecutive and first:
+            p[0] = TAG_BASE_OFFSET
+            p = _put_varint(p + 1, <uint64_t>first)
+        if p - <unsigned char*>PyBytes_AS_STRING(out) != size:
+            raise AssertionError("record batch size miscounted")
+        return out
+    finally:
+        PyMem_Free(ints)
+
+
+# ------------------------------------------------------------------ decoding
+cdef inline const unsigned char* _get_varint(const unsigned char* p, const unsigned char* end,
+                                             uint64_t* out) noexcept nogil:
+    """Read one varint; NULL when it runs past end or over 10 bytes."""
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    while p < end and shift < 64:
+        v |= <uint64_t>(p[0] & 0x7F) << shift
+        if not (p[0] & 0x80):
+            out[0] = v
+            return p + 1
+        p += 1
+        shift += 7
+    return NULL
+
+
+cdef list _packed_ints(const unsigned char* p, const unsigned char* end, bint as_int32):
+    """The varints of a packed field's body as a list of ints; None when malformed."""
+    cdef Py_ssize_t count = 0, i = 0
+    cdef const unsigned char* q = p
+    cdef uint64_t v
+    while q < end:
+        if not (q[0] & 0x80):
+            count += 1
+        q += 1
+    if p < end and ((end - 1)[0] & 0x80):
+        return None  # the last varint is cut off
+    cdef list out = PyList_New(count)
+    while p < end:
+        p = _get_varint(p, end, &v)
+        if p == NULL:
+            # Only an over-long varint gets here; give the list valid items before dropping it.
+            while i < count:
+                Py_INCREF(None)
+                PyList_SET_ITEM(out, i, None)
+                i += 1
+            return None
+        item = PyLong_FromLongLong(<int32_t>v if as_int32 else <int64_t>v)
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+        i += 1
+    return out
+
+
+def decode_columns(bytes payload):
+    """The columns of a serialized columnar RecordBatch, or None to leave it to the protobuf library.
+
+    Returns (base_offset, offsets, timestamps_ms, timestamp_types, keys,
+    null_keys, values, null_values, headers), each column a list as the
+    RecordBatch's repeated field would list it (headers as the serialized
+    RecordHeaders messages); the caller checks them for consistency exactly
+    as it checks a parsed RecordBatch.
+    """
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(payload)
+    cdef const unsigned char* end = p + PyBytes_GET_SIZE(payload)
+    cdef const unsigned char* body
+    cdef uint64_t tag, length, v
+    cdef int64_t base_offset = 0
+    cdef list offsets = [], stamps = [], types = [], keys = [], null_keys = [], values = []
+    cdef list null_values = [], headers = []
+    cdef list ints
+    while p < end:
+        p = _get_varint(p, end, &tag)
+        if p == NULL:
+            return None
+        if tag == TAG_BASE_OFFSET:
+            p = _get_varint(p, end, &v)
+            if p == NULL:
+                return None
+            base_offset = <int64_t>v
+            continue
+        if (tag & 7) != 2:
+            return None  # unpacked scalars, groups and fixed-width fields: the library's path
+        p = _get_varint(p, end, &length)
+        if p == NULL or length > <uint64_t>(end - p):
+            return None
+        body = p
+        p += length
+        if tag == TAG_KEYS:
+            keys.append(PyBytes_FromStringAndSize(<const char*>body, <Py_ssize_t>length))
+        elif tag == TAG_VALUES:
+            values.append(PyBytes_FromStringAndSize(<const char*>body, <Py_ssize_t>length))
+        elif tag == TAG_HEADERS:
+            headers.append(PyBytes_FromStringAndSize(<const char*>body, <Py_ssize_t>length))
+        elif tag == TAG_TIMESTAMPS or tag == TAG_OFFSETS or tag == TAG_TYPES or tag == TAG_NULL_KEYS \
+                or tag == TAG_NULL_VALUES:
+            ints = _packed_ints(body, p, tag != TAG_TIMESTAMPS and tag != TAG_OFFSETS)
+            if ints is None:
+                return None
+            if tag == TAG_TIMESTAMPS:
+                stamps.extend(ints)
+            elif tag == TAG_OFFSETS:
+                offsets.extend(ints)
+            elif tag == TAG_TYPES:
+                types.extend(ints)
+            elif tag == TAG_NULL_KEYS:
+                null_keys.extend(ints)
+            else:
+                null_values.extend(ints)
+        elif tag == TAG_RECORDS or (tag >> 3) <= 10:
+            return None  # the row form, or a known field in an unexpected shape
+        # else: an unknown length-delimited field, skipped as protobuf readers do
+    return (base_offset, offsets, stamps, types, keys, null_keys, values, null_values, headers)

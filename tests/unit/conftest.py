@@ -1,0 +1,20 @@
+"""Unit-test fixtures shared by the codec's test modules."""
+
+from __future__ import annotations
+
+import pytest
+from ferryman import envelope
+
+
+@pytest.fixture(params=["compiled", "pure-python"])
+def each_codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once through the compiled codec and once through the pure-Python path.
+
+    The compiled one must be built (tests/unit/test_batchcodec.py fails otherwise),
+    so the "compiled" run never silently falls back.
+    """
+    if request.param == "pure-python":
+        monkeypatch.setattr(envelope, "batchcodec", None)
+    else:
+        assert envelope.batchcodec is not None, "the compiled codec (ferryman._batchcodec) is not built"
+    return str(request.param)
