@@ -9,9 +9,10 @@ consumed messages writes the protobuf wire format straight into the output
 bytes, and one pass over those bytes makes the column lists the deduper
 produces from.
 
-What it handles, and what it leaves: only the common shape.
-``encode_messages`` returns None when a record has headers, and
-``decode_columns`` returns None for anything but the canonical columnar form
+What it handles, and what it leaves: the shapes the wrapper writes.
+``encode_messages`` returns None for headers that are not (str, bytes or None)
+pairs, and ``decode_columns`` returns None for anything but the canonical
+columnar form
 (the row form, unpacked repeated scalars, unexpected wire types, malformed
 bytes); the caller then takes the protobuf library's path, which stays the
 reference for both directions. The tests hold the two paths to the same
@@ -25,6 +26,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
@@ -130,13 +132,69 @@ cdef unsigned char* _put_column(unsigned char* p, int tag, list column, Py_ssize
     return p
 
 
+cdef Py_ssize_t _header_size(object header) except -2:
+    """Size of one Header message (key, value); -1 when header is not a (str, bytes or None) pair."""
+    cdef Py_ssize_t key_len, size = 0
+    if type(header) is not tuple or len(<tuple>header) != 2:
+        return -1
+    key, value = <tuple>header
+    if type(key) is not str or (value is not None and type(value) is not bytes):
+        return -1
+    PyUnicode_AsUTF8AndSize(key, &key_len)
+    if key_len:
+        size += _field_size(key_len)  # proto3: an empty key is not written
+    if value is not None:
+        size += _field_size(PyBytes_GET_SIZE(value))  # optional: an empty value is written
+    return size
+
+
+cdef Py_ssize_t _record_headers_size(Py_ssize_t index, list headers) except -2:
+    """Size of one RecordHeaders message body; -1 when a header is not a (str, bytes or None) pair."""
+    cdef Py_ssize_t size = 1 + _varint_size(<uint64_t>index) if index else 0
+    cdef Py_ssize_t h
+    for header in headers:
+        h = _header_size(header)
+        if h < 0:
+            return -1
+        size += _field_size(h)
+    return size
+
+
+cdef unsigned char* _put_record_headers(unsigned char* p, Py_ssize_t index, list headers, Py_ssize_t body):
+    cdef Py_ssize_t key_len
+    cdef const char* key_utf8
+    p[0] = TAG_HEADERS
+    p = _put_varint(p + 1, <uint64_t>body)
+    if index:
+        p[0] = 0x08  # RecordHeaders.index
+        p = _put_varint(p + 1, <uint64_t>index)
+    for header in headers:
+        key, value = <tuple>header
+        p[0] = 0x12  # RecordHeaders.headers
+        p = _put_varint(p + 1, <uint64_t>_header_size(header))
+        key_utf8 = PyUnicode_AsUTF8AndSize(key, &key_len)
+        if key_len:
+            p[0] = 0x0A  # Header.key
+            p = _put_varint(p + 1, <uint64_t>key_len)
+            memcpy(p, key_utf8, key_len)
+            p += key_len
+        if value is not None:
+            p[0] = 0x12  # Header.value
+            p = _put_varint(p + 1, <uint64_t>PyBytes_GET_SIZE(value))
+            memcpy(p, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+            p += PyBytes_GET_SIZE(value)
+    return p
+
+
 def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
-    """The serialized columnar RecordBatch of messages[lo:hi], or None when a record has headers.
+    """(serialized columnar RecordBatch of messages[lo:hi], number of headers in it), or None.
 
     The messages are consumed records of one partition in increasing offset
-    order (no error events); keys and values are bytes or None. The result
-    parses to the same RecordBatch the pure-Python codec builds, except that
-    timestamp types are written once whenever this slice's are uniform.
+    order (no error events); keys and values are bytes or None, headers None or
+    a list of (str, bytes or None) pairs. None: some headers are not such
+    pairs. The result parses to the same RecordBatch the pure-Python codec
+    builds, except that timestamp types are written once whenever this slice's
+    are uniform.
     """
     cdef Py_ssize_t n = hi - lo
     cdef Py_ssize_t i
@@ -152,6 +210,8 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
     cdef Py_ssize_t n_null_keys = 0, n_null_values = 0, n_types
     cdef Py_ssize_t offsets_body = 0, stamps_body, types_body, keys_size, values_size
     cdef Py_ssize_t null_keys_body = 0, null_values_body = 0, size
+    cdef Py_ssize_t header_count = 0, rh
+    cdef list with_headers = []  # (index, headers, body size) of the records that have any
     cdef int64_t code
     cdef bytes out
     cdef unsigned char* p
@@ -170,8 +230,15 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
     try:
         for i in range(n):
             m = <object>PyList_GET_ITEM(messages, lo + i)
-            if _headers(m) is not None:
-                return None
+            hs = _headers(m)
+            if hs:  # None and [] both mean no headers, as in the pure-Python path
+                if type(hs) is not list:
+                    return None
+                rh = _record_headers_size(i, <list>hs)
+                if rh < 0:
+                    return None
+                with_headers.append((i, hs, rh))
+                header_count += len(<list>hs)
             k = _key(m)
             Py_INCREF(k)
             PyList_SET_ITEM(keys, i, k)
@@ -210,6 +277,8 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
             if n_null_values:
                 null_values_body = _packed_size(null_values, n_null_values)
                 size += _field_size(null_values_body)
+        for _, _, rh in with_headers:
+            size += _field_size(rh)
         out = PyBytes_FromStringAndSize(NULL, size)
         p = <unsigned char*>PyBytes_AS_STRING(out)
         if not consecutive:
@@ -224,12 +293,14 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
             p = _put_column(p, TAG_VALUES, values, n)
             if n_null_values:
                 p = _put_packed(p, TAG_NULL_VALUES, null_values, n_null_values, null_values_body)
+        for i, hs, rh in with_headers:
+            p = _put_record_headers(p, i, hs, rh)
         if consecutive and first:
             p[0] = TAG_BASE_OFFSET
             p = _put_varint(p + 1, <uint64_t>first)
         if p - <unsigned char*>PyBytes_AS_STRING(out) != size:
             raise AssertionError("record batch size miscounted")
-        return out
+        return out, header_count
     finally:
         PyMem_Free(ints)
 
@@ -278,13 +349,69 @@ cdef list _packed_ints(const unsigned char* p, const unsigned char* end, bint as
     return out
 
 
+cdef object _read_header(const unsigned char* p, const unsigned char* end):
+    """One Header message as (key, value or None); None when it is not in the canonical form."""
+    cdef uint64_t tag, length
+    key = ""
+    value = None
+    while p < end:
+        p = _get_varint(p, end, &tag)
+        if p == NULL or (tag & 7) != 2:
+            return None
+        p = _get_varint(p, end, &length)
+        if p == NULL or length > <uint64_t>(end - p):
+            return None
+        if tag == 0x0A:  # Header.key: UTF-8, as protobuf checks it
+            try:
+                key = PyUnicode_DecodeUTF8(<const char*>p, <Py_ssize_t>length, NULL)
+            except UnicodeDecodeError:
+                return None
+        elif tag == 0x12:  # Header.value
+            value = PyBytes_FromStringAndSize(<const char*>p, <Py_ssize_t>length)
+        elif (tag >> 3) <= 2:
+            return None
+        p += length
+    return (key, value)
+
+
+cdef object _read_record_headers(const unsigned char* p, const unsigned char* end):
+    """One RecordHeaders message as (index, [(key, value or None), ...]); None when not canonical."""
+    cdef uint64_t tag, length, v
+    cdef int32_t index = 0
+    cdef list headers = []
+    while p < end:
+        p = _get_varint(p, end, &tag)
+        if p == NULL:
+            return None
+        if tag == 0x08:  # RecordHeaders.index
+            p = _get_varint(p, end, &v)
+            if p == NULL:
+                return None
+            index = <int32_t>v
+            continue
+        if (tag & 7) != 2:
+            return None
+        p = _get_varint(p, end, &length)
+        if p == NULL or length > <uint64_t>(end - p):
+            return None
+        if tag == 0x12:  # RecordHeaders.headers
+            header = _read_header(p, p + length)
+            if header is None:
+                return None
+            headers.append(header)
+        elif (tag >> 3) <= 2:
+            return None
+        p += length
+    return (index, headers)
+
+
 def decode_columns(bytes payload):
     """The columns of a serialized columnar RecordBatch, or None to leave it to the protobuf library.
 
     Returns (base_offset, offsets, timestamps_ms, timestamp_types, keys,
     null_keys, values, null_values, headers), each column a list as the
-    RecordBatch's repeated field would list it (headers as the serialized
-    RecordHeaders messages); the caller checks them for consistency exactly
+    RecordBatch's repeated field would list it, headers as (index, [(key,
+    value or None), ...]) pairs; the caller checks them for consistency exactly
     as it checks a parsed RecordBatch.
     """
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(payload)
@@ -317,7 +444,10 @@ def decode_columns(bytes payload):
         elif tag == TAG_VALUES:
             values.append(PyBytes_FromStringAndSize(<const char*>body, <Py_ssize_t>length))
         elif tag == TAG_HEADERS:
-            headers.append(PyBytes_FromStringAndSize(<const char*>body, <Py_ssize_t>length))
+            record_headers = _read_record_headers(body, p)
+            if record_headers is None:
+                return None
+            headers.append(record_headers)
         elif tag == TAG_TIMESTAMPS or tag == TAG_OFFSETS or tag == TAG_TYPES or tag == TAG_NULL_KEYS \
                 or tag == TAG_NULL_VALUES:
             ints = _packed_ints(body, p, tag != TAG_TIMESTAMPS and tag != TAG_OFFSETS)

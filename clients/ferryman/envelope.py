@@ -198,7 +198,7 @@ class _DecodedColumns(NamedTuple):
     null_keys: list[int]
     values: list[bytes]
     null_values: list[int]
-    headers: list[envelope_pb2.RecordHeaders]
+    headers: list[tuple[int, Headers]]
 
 
 def run_of(batch: envelope_pb2.RecordBatch) -> RecordRun:
@@ -226,11 +226,7 @@ def run_of_payload(payload: bytes) -> RecordRun:
     """
     columns = batchcodec.decode_columns(payload) if batchcodec is not None else None
     if columns is not None and columns[2]:  # timestamps present: columnar, not an empty batch
-        try:
-            headers = [envelope_pb2.RecordHeaders.FromString(b) for b in columns[8]]
-        except DecodeError as exc:
-            raise EnvelopeError(f"envelope records do not parse: {exc}") from exc
-        return _run_of_columns(_DecodedColumns(*columns[:8], headers))
+        return _run_of_columns(_DecodedColumns(*columns))
     batch = envelope_pb2.RecordBatch()
     try:
         batch.ParseFromString(payload)
@@ -269,11 +265,14 @@ def _run_of_columns(batch: envelope_pb2.RecordBatch | _DecodedColumns) -> Record
         )
     if any(not 0 <= i < n for i in itertools.chain(batch.null_keys, batch.null_values)):
         raise EnvelopeError("columnar batch null index out of range")
+    listed = (
+        batch.headers if isinstance(batch, _DecodedColumns) else [(rh.index, headers_of(rh)) for rh in batch.headers]
+    )
     headers: list[tuple[int, Headers]] = []
-    for rh in batch.headers:
-        if not 0 <= rh.index < n or (headers and rh.index <= headers[-1][0]):
-            raise EnvelopeError(f"columnar batch header index {rh.index} out of order or range")
-        headers.append((rh.index, headers_of(rh)))
+    for index, hs in listed:
+        if not 0 <= index < n or (headers and index <= headers[-1][0]):
+            raise EnvelopeError(f"columnar batch header index {index} out of order or range")
+        headers.append((index, hs))
     return RecordRun(
         offsets=offsets,
         timestamps_ms=list(batch.timestamps_ms),

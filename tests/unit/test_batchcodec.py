@@ -9,8 +9,10 @@ than guess.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
+from confluent_kafka import Message
 from ferryman import _batchcodec, envelope
 from ferryman.envelope import RecordRun
 from ferryman.errors import EnvelopeError
@@ -45,8 +47,17 @@ def _python_payload(msgs: list[FakeMessage]) -> bytes:
             timestamp_types=types if len(set(types)) > 1 else types[:1],
             keys=[m.key() for m in msgs],
             values=[m.value() for m in msgs],
+            headers=[(i, h) for i, m in enumerate(msgs) if (h := m.headers())],
         )
     )
+
+
+def _encode(msgs: list[FakeMessage], lo: int = 0, hi: int | None = None) -> bytes:
+    encoded = _batchcodec.encode_messages(as_messages(msgs), lo, len(msgs) if hi is None else hi)
+    assert encoded is not None
+    data, header_count = encoded
+    assert header_count == sum(len(m.headers() or ()) for m in msgs[lo:hi])
+    return data
 
 
 def _library_run(payload: bytes) -> RecordRun:
@@ -68,34 +79,40 @@ def test_encoding_parses_to_what_the_library_writes(seed: int) -> None:
         max_len=rng.choice([1, 40, 300]),
         null_rate=rng.choice([0.0, 0.1, 0.6, 1.0]),
         empty_rate=rng.choice([0.0, 0.1, 0.4]),
-        header_rate=0.0,
+        header_rate=rng.choice([0.0, 0.3, 1.0]),
         timestamp_types=rng.choice([ALL_TS_TYPES, (TS_CREATE_TIME,), (TS_LOG_APPEND_TIME,), (5,)]),
     )
     lo = rng.randint(0, len(msgs) - 1)
     hi = rng.randint(lo + 1, len(msgs))
-    data = _batchcodec.encode_messages(as_messages(msgs), lo, hi)
-    assert data is not None
+    data = _encode(msgs, lo, hi)
     assert _expanded(_library_run(data)) == _expanded(_library_run(_python_payload(msgs[lo:hi])))
 
 
 def test_a_uniform_run_encodes_byte_for_byte_as_the_library_does() -> None:
     msgs = [FakeMessage(o, b"k%d" % o, b"v" * o, timestamp_ms=1_700_000_000_000 + o) for o in range(100, 160)]
-    assert _batchcodec.encode_messages(as_messages(msgs), 0, len(msgs)) == _python_payload(msgs)
+    msgs[0] = replace(msgs[0], headers_=[("", b""), ("trace", None), ("k\u00e9y", b"v")])
+    msgs[7] = replace(msgs[7], headers_=[("a", b"1"), ("a", b"2")])
+    assert _encode(msgs) == _python_payload(msgs)
 
 
 def test_negative_timestamps_and_offset_zero_survive() -> None:
     msgs = [FakeMessage(0, timestamp_ms=-1, timestamp_type=0), FakeMessage(1, timestamp_ms=-(2**62))]
-    data = _batchcodec.encode_messages(as_messages(msgs), 0, 2)
-    assert data is not None
-    run = _library_run(data)
+    run = _library_run(_encode(msgs))
     assert list(run.offsets) == [0, 1]
     assert list(run.timestamps_ms) == [-1, -(2**62)]
 
 
-def test_a_record_with_headers_is_left_to_the_library() -> None:
-    msgs = as_messages([FakeMessage(0), FakeMessage(1, headers_=[]), FakeMessage(2)])
-    assert _batchcodec.encode_messages(msgs, 0, 1) is not None
-    assert _batchcodec.encode_messages(msgs, 0, 3) is None  # an empty headers list is still headers
+def test_an_empty_headers_list_is_no_headers() -> None:
+    run = _library_run(_encode([FakeMessage(0, headers_=[]), FakeMessage(1, headers_=[("h", b"1")])]))
+    assert list(run.headers) == [(1, [("h", b"1")])]
+
+
+@pytest.mark.parametrize("headers", [[("h", "text")], [(b"h", b"1")], [("h", b"1", b"2")]], ids=str)
+def test_headers_of_another_shape_are_left_to_the_pure_python_path(headers: list[object]) -> None:
+    msg = as_messages([FakeMessage(0)])[0]
+    odd = Message(topic="orders", partition=3, offset=1, value=b"v", headers=headers, timestamp=(1, 5))  # type: ignore[arg-type]
+    assert _batchcodec.encode_messages([msg, odd], 0, 1) is not None
+    assert _batchcodec.encode_messages([msg, odd], 0, 2) is None
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(0, 0), (2, 1), (-1, 1), (0, 4)])

@@ -112,14 +112,23 @@ def build_envelopes(
     codec = envelope.batchcodec
     if codec is not None:
         # Compiled fast path: each piece of max_records records is encoded in one
-        # pass, and kept when it is known to fit (as below). A record with headers,
-        # or a piece not known to fit, hands the rest to the pure-Python path.
+        # pass, and kept when it is known to fit: its payload holds every key,
+        # value and header byte, so with the per-record and per-header overheads
+        # it bounds the estimated size from above. A piece not known to fit (or
+        # headers the compiled codec does not take) hands the rest to the
+        # pure-Python path, which cuts by the estimates.
         msgs = messages if isinstance(messages, list) else list(messages)
         lo = 0
         while lo < n:
             hi = min(n, lo + max_records)
-            data = codec.encode_messages(msgs, lo, hi)
-            if data is None or len(data) + envelope.RECORD_OVERHEAD_BYTES * (hi - lo) > max_bytes:
+            encoded = codec.encode_messages(msgs, lo, hi)
+            if encoded is None:
+                break
+            data, header_count = encoded
+            bound = (
+                len(data) + envelope.RECORD_OVERHEAD_BYTES * (hi - lo) + envelope.HEADER_OVERHEAD_BYTES * header_count
+            )
+            if bound > max_bytes:
                 break
             last = _offset(msgs[hi - 1])
             value = envelope.wrap_payload(
