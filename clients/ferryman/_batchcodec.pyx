@@ -10,13 +10,12 @@ bytes, and one pass over those bytes makes the column lists the deduper
 produces from.
 
 What it handles, and what it leaves: the shapes the wrapper writes.
-``encode_messages`` returns None for headers that are not (str, bytes or None)
-pairs, and ``decode_columns`` returns None for anything but the canonical
-columnar form
-(the row form, unpacked repeated scalars, unexpected wire types, malformed
-bytes); the caller then takes the protobuf library's path, which stays the
-reference for both directions. The tests hold the two paths to the same
-results.
+``encode_messages`` returns None for keys, values or headers of other types
+than a consumed record's, and ``decode_columns`` returns None for anything but
+the canonical columnar form (the row form, unpacked repeated scalars,
+unexpected wire types, malformed bytes); the caller then takes the protobuf
+library's path, which stays the reference for both directions. The tests hold
+the two paths to the same results.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -191,8 +190,8 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
 
     The messages are consumed records of one partition in increasing offset
     order (no error events); keys and values are bytes or None, headers None or
-    a list of (str, bytes or None) pairs. None: some headers are not such
-    pairs. The result parses to the same RecordBatch the pure-Python codec
+    a list of (str, bytes or None) pairs. None: a key, value or headers list of
+    another type, left to the pure-Python path. The result parses to the same RecordBatch the pure-Python codec
     builds, except that timestamp types are written once whenever this slice's
     are uniform.
     """
@@ -240,9 +239,11 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
                 with_headers.append((i, hs, rh))
                 header_count += len(<list>hs)
             k = _key(m)
+            v = _value(m)
+            if (k is not None and type(k) is not bytes) or (v is not None and type(v) is not bytes):
+                return None  # not a consumed record's key or value: the library decides
             Py_INCREF(k)
             PyList_SET_ITEM(keys, i, k)
-            v = _value(m)
             Py_INCREF(v)
             PyList_SET_ITEM(values, i, v)
             stamp = _timestamp(m)

@@ -107,6 +107,18 @@ def test_an_empty_headers_list_is_no_headers() -> None:
     assert list(run.headers) == [(1, [("h", b"1")])]
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("text-key", b"v"), (b"k", "text-value"), (b"k", bytearray(b"v"))],
+    ids=["key", "value", "buffer"],
+)
+def test_keys_and_values_of_another_type_are_left_to_the_pure_python_path(key: object, value: object) -> None:
+    msg = as_messages([FakeMessage(0)])[0]
+    odd = Message(topic="orders", partition=3, offset=1, key=key, value=value, timestamp=(1, 5))  # type: ignore[arg-type]
+    assert _batchcodec.encode_messages([msg, odd], 0, 1) is not None
+    assert _batchcodec.encode_messages([msg, odd], 0, 2) is None
+
+
 @pytest.mark.parametrize("headers", [[("h", "text")], [(b"h", b"1")], [("h", b"1", b"2")]], ids=str)
 def test_headers_of_another_shape_are_left_to_the_pure_python_path(headers: list[object]) -> None:
     msg = as_messages([FakeMessage(0)])[0]
