@@ -22,14 +22,15 @@ from google.protobuf.message import DecodeError
 from ferryman.errors import CorruptEnvelopeError, EnvelopeError
 from ferryman.v1 import envelope_pb2
 
+#: The compiled fast path (_batchcodec.pyx), or None when it was not built (no C
+#: compiler at install): either way the results are the same, only the cost per
+#: record differs.
 try:
     from ferryman import _batchcodec
-except ImportError:  # built without a C compiler: the pure-Python path does everything
+except ImportError:
     _batchcodec = None  # type: ignore[assignment]
+batchcodec = _batchcodec  # the public name (tests swap it for None to run the pure-Python path)
 
-#: The compiled fast path (_batchcodec.pyx), or None when it was not built.
-#: Either way the results are the same; only the cost per record differs.
-batchcodec = _batchcodec
 #: Which codec this process runs, for the services' start-up log.
 CODEC = "compiled" if batchcodec is not None else "pure Python (the compiled fast path was not built)"
 

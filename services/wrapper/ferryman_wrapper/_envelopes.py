@@ -1,10 +1,12 @@
 """Turns consumed source records into envelopes, keeping the offset chain.
 
-The hot path of the wrapper. Records are read column by column with
-``map(Message.key, messages)`` and friends: the accessors are C methods, so
-each column is one C-level loop and no Python code runs per record (measured
-here: ~300 ns per record for the whole envelope, against ~900 ns when each
-record was built as its own protobuf message).
+The hot path of the wrapper. The compiled codec (ferryman._batchcodec) writes
+each envelope's records in one pass over the consumed messages (~90 ns per
+record here). Without it, or for what it leaves, records are read column by
+column with ``map(Message.key, messages)`` and friends: the accessors are C
+methods, so each column is one C-level loop and no Python code runs per record
+(~230 ns per record for the whole envelope, against ~900 ns when each record
+was built as its own protobuf message).
 """
 
 from __future__ import annotations
@@ -97,7 +99,11 @@ def build_envelopes(
     holds at most max_records records and, unless a single record is larger,
     at most max_bytes of estimated record size (envelope.record_size).
 
-    Fast path (no headers, the usual case): each piece of max_records records
+    The compiled codec, when built, encodes each piece of max_records records
+    and keeps it when it is known to fit (below); the pure-Python path takes
+    the rest, if any, from the first piece it did not keep.
+
+    Pure-Python fast path (no headers): each piece of max_records records
     is encoded straight away, and its encoded size bounds its estimated size
     from above (the payload holds every key and value byte), so a piece whose
     payload plus the per-record overhead fits is within budget with no size
@@ -139,7 +145,7 @@ def build_envelopes(
             lo = hi
         if lo == n:
             return
-        messages, n = msgs[lo:], n - lo
+        messages = msgs[lo:]
     yield from _build_by_columns(
         messages,
         source,
