@@ -322,6 +322,28 @@ cdef inline const unsigned char* _get_varint(const unsigned char* p, const unsig
     return NULL
 
 
+#: A varint_tag that matches no field (field numbers stop at 2**29 - 1).
+cdef uint64_t NO_VARINT_FIELD = 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline const unsigned char* _get_field(const unsigned char* p, const unsigned char* end,
+                                            uint64_t varint_tag, uint64_t* tag, uint64_t* value) noexcept nogil:
+    """Read one field of a message: its tag, then the varint of the message's one varint field (varint_tag),
+    or else a length-delimited field's length, checked against end. For the latter, value is the length and
+    the result points at the body. NULL when malformed or of another wire type (the library's path)."""
+    p = _get_varint(p, end, tag)
+    if p == NULL:
+        return NULL
+    if tag[0] == varint_tag:
+        return _get_varint(p, end, value)
+    if (tag[0] & 7) != 2:
+        return NULL
+    p = _get_varint(p, end, value)
+    if p == NULL or value[0] > <uint64_t>(end - p):
+        return NULL
+    return p
+
+
 cdef list _packed_ints(const unsigned char* p, const unsigned char* end, bint as_int32):
     """The varints of a packed field's body as a list of ints; None when malformed."""
     cdef Py_ssize_t count = 0, i = 0
@@ -356,11 +378,8 @@ cdef object _read_header(const unsigned char* p, const unsigned char* end):
     key = ""
     value = None
     while p < end:
-        p = _get_varint(p, end, &tag)
-        if p == NULL or (tag & 7) != 2:
-            return None
-        p = _get_varint(p, end, &length)
-        if p == NULL or length > <uint64_t>(end - p):
+        p = _get_field(p, end, NO_VARINT_FIELD, &tag, &length)
+        if p == NULL:
             return None
         if tag == 0x0A:  # Header.key: UTF-8, as protobuf checks it
             try:
@@ -377,24 +396,16 @@ cdef object _read_header(const unsigned char* p, const unsigned char* end):
 
 cdef object _read_record_headers(const unsigned char* p, const unsigned char* end):
     """One RecordHeaders message as (index, [(key, value or None), ...]); None when not canonical."""
-    cdef uint64_t tag, length, v
+    cdef uint64_t tag, length
     cdef int32_t index = 0
     cdef list headers = []
     while p < end:
-        p = _get_varint(p, end, &tag)
+        p = _get_field(p, end, 0x08, &tag, &length)
         if p == NULL:
             return None
         if tag == 0x08:  # RecordHeaders.index
-            p = _get_varint(p, end, &v)
-            if p == NULL:
-                return None
-            index = <int32_t>v
+            index = <int32_t>length  # for the varint field, _get_field's value is the varint
             continue
-        if (tag & 7) != 2:
-            return None
-        p = _get_varint(p, end, &length)
-        if p == NULL or length > <uint64_t>(end - p):
-            return None
         if tag == 0x12:  # RecordHeaders.headers
             header = _read_header(p, p + length)
             if header is None:
@@ -418,26 +429,19 @@ def decode_columns(bytes payload):
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(payload)
     cdef const unsigned char* end = p + PyBytes_GET_SIZE(payload)
     cdef const unsigned char* body
-    cdef uint64_t tag, length, v
+    cdef uint64_t tag, length
     cdef int64_t base_offset = 0
     cdef list offsets = [], stamps = [], types = [], keys = [], null_keys = [], values = []
     cdef list null_values = [], headers = []
     cdef list ints
     while p < end:
-        p = _get_varint(p, end, &tag)
+        # Unpacked scalars, groups and fixed-width fields come back NULL: the library's path.
+        p = _get_field(p, end, TAG_BASE_OFFSET, &tag, &length)
         if p == NULL:
             return None
         if tag == TAG_BASE_OFFSET:
-            p = _get_varint(p, end, &v)
-            if p == NULL:
-                return None
-            base_offset = <int64_t>v
+            base_offset = <int64_t>length  # for the varint field, _get_field's value is the varint
             continue
-        if (tag & 7) != 2:
-            return None  # unpacked scalars, groups and fixed-width fields: the library's path
-        p = _get_varint(p, end, &length)
-        if p == NULL or length > <uint64_t>(end - p):
-            return None
         body = p
         p += length
         if tag == TAG_KEYS:
