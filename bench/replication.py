@@ -54,6 +54,7 @@ from types import FrameType
 from typing import Any
 
 import confluent_kafka
+from ferryman.service import tune_gc
 from ferryman_local import LocalCluster, start_clusters
 
 from bench.bytecode import compile_launched_code
@@ -681,6 +682,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not compile_launched_code():
         _log("set-up failed: the launched code does not compile")
         return 2
+    # This process reads every copied record back (the live watcher, the audits) on the
+    # cores the rows run on, and each consumed record is a GC-tracked Message: with
+    # CPython's defaults a third of its CPU went to collections (see docs/notes.md,
+    # session 11), taken from whichever row was running. The services' setting keeps it off.
+    tune_gc()
     try:
         if cfg.source and cfg.destination:
             source, destination, broker_pids = cfg.source, cfg.destination, []

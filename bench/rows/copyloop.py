@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
+from ferryman.service import GC_GEN0_THRESHOLD
 
 from bench.rows.base import Row
 from bench.topics import create_topics
@@ -56,6 +57,8 @@ class CopyLoopRow(Row):
             _COMPRESSION,
             # The services' streaming consumer settings, passed so the loop need not import ferryman.
             *(f"--consumer-property={k}={v}" for k, v in STREAMING_CONSUMER_DEFAULTS.items()),
+            # ...and their cyclic-GC setting: the ceiling of one process gets what the services get.
+            f"--gc-gen0-threshold={GC_GEN0_THRESHOLD}",
             *self.ctx.topics,
         ]
 
@@ -74,4 +77,5 @@ class CopyLoopRow(Row):
             "linger_ms": _LINGER_MS,
             "compression": _COMPRESSION,
             "commit": "flush, then async, 1 s",
+            "gc": f"start-up heap frozen, young collections every {GC_GEN0_THRESHOLD:,} allocations (as the services)",
         }

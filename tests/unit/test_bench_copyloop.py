@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
+from ferryman.service import GC_GEN0_THRESHOLD
 
 from bench import copyloop
 from bench.rows.base import RowContext, RowOptions
@@ -46,3 +49,26 @@ def test_the_row_passes_the_services_streaming_consumer_settings(tmp_path: Path)
     assert argv[1:3] == ["-m", "bench.copyloop"]
     passed = dict(copyloop._parse(argv[3:]).consumer_property)
     assert passed == {k: str(v) for k, v in STREAMING_CONSUMER_DEFAULTS.items()}
+
+
+def test_the_row_gives_the_loop_the_services_gc_setting(tmp_path: Path) -> None:
+    ctx = RowContext("run1", "src:1", "dst:1", ("topic",), 8, tmp_path, RowOptions())
+    assert copyloop._parse(CopyLoopRow(ctx).argv()[3:]).gc_gen0_threshold == GC_GEN0_THRESHOLD
+    assert copyloop._parse([*_REQUIRED, "t"]).gc_gen0_threshold is None  # by hand: CPython's GC as is
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_the_loop_freezes_its_start_up_heap_and_collects_young_objects_rarely() -> None:
+    alive = [object() for _ in range(10)]  # stand-in for the clients and the loop's closures
+    _g0, g1, g2 = gc.get_threshold()
+    copyloop._keep_gc_off_the_hot_path(12_345)
+    assert gc.get_freeze_count() > len(alive)
+    assert gc.get_threshold() == (12_345, g1, g2)
