@@ -17,8 +17,9 @@ class TreeSampler:
 
     CPU is user + system time of every process seen (a process that exits keeps
     its last sample), plus what each process collected from children it reaped;
-    ``by_root()`` splits it by root process (each with its descendants). RSS is
-    summed over the live processes at each sample; the peak is kept.
+    ``by_root()`` splits it by root process (each with its descendants), and
+    ``kernel_s()`` gives the system part. RSS is summed over the live processes at
+    each sample; the peak is kept.
 
     Args:
         pids: root processes (e.g. a JVM, a Python service, a shell that started one).
@@ -31,7 +32,8 @@ class TreeSampler:
                 self._roots.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        self._cpu: dict[int, tuple[int, float]] = {}  # pid -> (pid of the root of its tree, CPU seconds)
+        # pid -> (pid of the root of its tree, CPU seconds, of which in the kernel)
+        self._cpu: dict[int, tuple[int, float, float]] = {}
         self._lock = threading.Lock()
         self.peak_rss_bytes = 0
         self._stop = threading.Event()
@@ -60,16 +62,22 @@ class TreeSampler:
                         mem = proc.memory_info().rss
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue
-                self._cpu[proc.pid] = (root, t.user + t.system + t.children_user + t.children_system)
+                kernel = t.system + t.children_system
+                self._cpu[proc.pid] = (root, t.user + t.children_user + kernel, kernel)
                 rss += mem
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            return sum(cpu for _root, cpu in self._cpu.values())
+            return sum(cpu for _root, cpu, _kernel in self._cpu.values())
+
+    def kernel_s(self) -> float:
+        """CPU seconds spent in the kernel (system time), of the total, as of the last sample."""
+        with self._lock:
+            return sum(kernel for _root, _cpu, kernel in self._cpu.values())
 
     def by_root(self) -> dict[int, float]:
         """CPU seconds of each root's tree (root pid: seconds) as of the last sample."""
         with self._lock:
             out = dict.fromkeys((r.pid for r in self._roots), 0.0)
-            for root, cpu in self._cpu.values():
+            for root, cpu, _kernel in self._cpu.values():
                 out[root] += cpu
             return out
 

@@ -61,6 +61,11 @@ class Throughput:
     cpu_s_by_program: Mapping[str, float] = field(default_factory=dict)
     """``cpu_s`` split by the program each process tree was launched as (for Ferryman:
     ``ferryman-wrapper`` and ``ferryman-deduper``, each summed over its processes)."""
+    kernel_cpu_s_per_m: float | None = None
+    """The part of ``cpu_s_per_m`` spent in the kernel (system time)."""
+    broker_kernel_cpu_s_per_m: float | None = None
+    """The part of ``broker_cpu_s_per_m`` spent in the kernel: a round that is slow for no
+    reason of the row's own often shows here (page-cache work in the destination broker)."""
 
 
 @dataclass(frozen=True)

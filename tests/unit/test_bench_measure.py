@@ -19,6 +19,16 @@ subprocess.run([sys.executable, "-c", {_BURN!r}], check=True)
 print("burnt", flush=True)
 sys.stdin.read()
 """
+#: Spends ~0.3 CPU s mostly in the kernel (zero-filling reads), then says so and waits for stdin to close.
+_KERNEL_BURNER = """
+import os, sys, time
+fd = os.open("/dev/zero", os.O_RDONLY)
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    os.read(fd, 1 << 20)
+print("burnt", flush=True)
+sys.stdin.read()
+"""
 #: Starts, says so, and waits for stdin to close.
 _IDLER = 'import sys; print("idle", flush=True); sys.stdin.read()'
 
@@ -55,3 +65,23 @@ def test_cpu_is_split_by_root_with_the_work_of_its_descendants(
     assert split[burner.pid] >= 0.25  # the reaped child's CPU counts for the root that started it
     assert split[idler.pid] < split[burner.pid]
     assert sum(split.values()) == pytest.approx(total)
+
+
+def test_the_kernel_share_of_the_cpu_is_reported() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KERNEL_BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        sampler = TreeSampler([proc.pid])
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "burnt"
+            total = sampler.sample()
+            kernel = sampler.kernel_s()
+        finally:
+            sampler.stop()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+    assert 0.15 <= kernel <= total  # reading /dev/zero is the kernel's work, the loop around it is not

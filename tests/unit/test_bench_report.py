@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,12 @@ def test_rounds_default_to_three_two_in_a_smoke_run_and_must_be_positive() -> No
     assert replication._parse(["--rounds", "1"]).rounds == 1
     with pytest.raises(SystemExit):
         replication._parse(["--rounds", "0"])
+
+
+def test_the_log_line_gives_the_kernels_part_of_the_rows_and_the_brokers_cpu() -> None:
+    tp = _throughput(500_000.0, 2.2)
+    assert replication._kernel_share(tp) == ""  # no reading (a row that failed before it)
+    tp = replace(tp, kernel_cpu_s_per_m=0.45)
+    assert replication._kernel_share(tp) == "; kernel 0.45"  # clusters given on the command line: no brokers
+    tp = replace(tp, broker_cpu_s_per_m=1.3, broker_kernel_cpu_s_per_m=0.52)
+    assert replication._kernel_share(tp) == "; kernel 0.45; brokers 1.3 CPU s/M, kernel 0.52"
