@@ -1,6 +1,9 @@
-"""Unit-test fixtures shared by the codec's test modules."""
+"""Unit-test fixtures shared by several test modules (the codec's, the GC tuning's)."""
 
 from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
 
 import pytest
 from ferryman import envelope
@@ -18,3 +21,12 @@ def each_codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     else:
         assert envelope.batchcodec is not None, "the compiled codec (ferryman._batchcodec) is not built"
     return str(request.param)
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    """Undo a test's freeze and GC thresholds (tune_gc and the copy loop's own setting change them process-wide)."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)

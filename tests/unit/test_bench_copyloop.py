@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,14 +54,6 @@ def test_the_row_gives_the_loop_the_services_gc_setting(tmp_path: Path) -> None:
     ctx = RowContext("run1", "src:1", "dst:1", ("topic",), 8, tmp_path, RowOptions())
     assert copyloop._parse(CopyLoopRow(ctx).argv()[3:]).gc_gen0_threshold == GC_GEN0_THRESHOLD
     assert copyloop._parse([*_REQUIRED, "t"]).gc_gen0_threshold is None  # by hand: CPython's GC as is
-
-
-@pytest.fixture
-def restored_gc() -> Iterator[None]:
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
 
 
 @pytest.mark.usefixtures("restored_gc")

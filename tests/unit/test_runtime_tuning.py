@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -37,14 +36,6 @@ def test_a_producer_no_broker_answers_is_returned_and_the_wait_logged(caplog: py
     assert isinstance(producer, Producer)
     assert "producer w-1-staging: no broker answered within 0.2 s" in caplog.text
     assert producer.flush(0) == 0
-
-
-@pytest.fixture
-def restored_gc() -> Iterator[None]:
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
 
 
 @pytest.mark.usefixtures("restored_gc")
