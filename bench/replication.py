@@ -568,18 +568,18 @@ def _measure(
     _log(f"{row.name}: launched (logs in {row.ctx.work_dir}); copying {sum(stage.counts):,} records")
     failure = _await_copy(row, watcher, deadline)
     cpu_s = sampler.sample()
+    kernel_s = sampler.kernel_s()
     cpu_by_program = _by_program(sampler, row)
     broker_cpu_s = brokers.sample() if brokers else math.nan
+    broker_kernel_s = brokers.kernel_s() - broker_kernel_at_launch if brokers else None
     watcher.stop(_WATCHER_STOP_BUDGET_S)
     tp = _throughput(stage, cfg.value_bytes, watcher, launched, first, cpu_s, broker_cpu_s, broker_cpu_at_launch)
-    per_m = 1e6 / tp.records if tp.records else math.nan
+    per_m = 1e6 / tp.records if tp.records else None
     tp = replace(
         tp,
         cpu_s_by_program=cpu_by_program,
-        kernel_cpu_s_per_m=sampler.kernel_s() * per_m if tp.records else None,
-        broker_kernel_cpu_s_per_m=(brokers.kernel_s() - broker_kernel_at_launch) * per_m
-        if brokers and tp.records
-        else None,
+        kernel_cpu_s_per_m=kernel_s * per_m if per_m else None,
+        broker_kernel_cpu_s_per_m=broker_kernel_s * per_m if per_m and broker_kernel_s is not None else None,
     )
     result.throughput = tp
     _log(
