@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import math
 import os
 import platform
@@ -61,6 +62,7 @@ from bench.bytecode import compile_launched_code
 from bench.errors import BenchError
 from bench.latency import SOURCE_TOPIC_CONFIG, LatencyResult
 from bench.latency import measure as measure_latency
+from bench.machine import ReclaimScheme, as_json, describe_reclaim, reclaim_schemes
 from bench.measure import TreeSampler
 from bench.preload import PreloadResult, preload
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
@@ -708,6 +710,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # CPython's defaults a third of its CPU went to collections (see docs/notes.md,
     # session 11), taken from whichever row was running. The services' setting keeps it off.
     tune_gc()
+    reclaim = reclaim_schemes()
+    if (reclaim_note := describe_reclaim(reclaim)) is not None:
+        _log(reclaim_note)
     try:
         if cfg.source and cfg.destination:
             source, destination, broker_pids = cfg.source, cfg.destination, []
@@ -757,21 +762,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in footnotes(results, floor):
         print(line)
     if cfg.json_path:
-        write_json(cfg.json_path, _describe(cfg, stage), results, floor)
+        write_json(cfg.json_path, _describe(cfg, stage, reclaim), results, floor)
         _log(f"raw figures in {cfg.json_path}")
     return 1 if any(r.status == "FAILED" for r in results) else 0
 
 
-def _describe(cfg: BenchConfig, stage: Stage | None) -> dict[str, Any]:
+def _describe(cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme]) -> dict[str, Any]:
     return {
         "config": cfg,
         "topic": stage.topic if stage else None,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
-            "confluent_kafka": confluent_kafka.version()[0],
+            # The package's version() returns its version string (not cimpl's (str, int) pair its stub
+            # declares), so indexing it gave "2"; the distribution's metadata says it plainly.
+            "confluent_kafka": importlib.metadata.version("confluent-kafka"),
             "librdkafka": confluent_kafka.libversion()[0],
             "local_clusters": not cfg.source,
+            "memory_reclaim": as_json(reclaim),
         },
     }
 

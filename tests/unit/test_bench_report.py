@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import pytest
 
 from bench import replication
 from bench.latency import LatencyResult, percentile
+from bench.machine import ReclaimScheme
 from bench.report import FLOOR_ROW, footnotes, latency_table, rounds_table, write_json
 from bench.results import RowResult, Throughput
 
@@ -190,3 +192,12 @@ def test_the_log_line_gives_the_kernels_part_of_the_rows_and_the_brokers_cpu() -
     assert replication._kernel_share(tp) == "; kernel 0.45"  # clusters given on the command line: no brokers
     tp = replace(tp, broker_cpu_s_per_m=1.3, broker_kernel_cpu_s_per_m=0.52)
     assert replication._kernel_share(tp) == "; kernel 0.45; brokers 1.3 CPU s/M, kernel 0.52"
+
+
+def test_the_runs_json_names_the_client_library_and_the_machines_reclaim() -> None:
+    scheme = ReclaimScheme(action="pageout", min_idle_s=60.0, quota_bytes_per_s=2**31, filters=["anon: excluded"])
+    machine = replication._describe(replication._parse(["--smoke"]), None, [scheme])["machine"]
+    assert machine["confluent_kafka"] == importlib.metadata.version("confluent-kafka")  # not its first character
+    assert machine["memory_reclaim"] == [
+        {"action": "pageout", "min_idle_s": 60.0, "quota_bytes_per_s": 2**31, "filters": ["anon: excluded"]}
+    ]
