@@ -21,6 +21,7 @@ from tests.helpers.kafka import ExternalCluster, KafkaCluster
 _log = logging.getLogger("tests")
 _SOURCE_ENV = "FERRYMAN_TEST_SOURCE_BOOTSTRAP"
 _DESTINATION_ENV = "FERRYMAN_TEST_DESTINATION_BOOTSTRAP"
+_NIGHTLY_ENV = "FERRYMAN_NIGHTLY"
 # Two JVMs starting side by side on 2 cores take ~7 s; a cold jar cache adds Maven's download.
 _CLUSTER_READY_TIMEOUT_S = 120.0
 
@@ -30,6 +31,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: the services as processes, the way a user runs them")
     config.addinivalue_line("markers", "slow: takes more than a few seconds; deselect with -m 'not slow'")
     config.addinivalue_line("markers", "nightly: long variants, run with FERRYMAN_NIGHTLY=1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the long (``nightly``) variants out unless FERRYMAN_NIGHTLY=1: CI runs the sizes made for it.
+
+    They are deselected, not skipped: a run reports them as not collected for this
+    run, and ``FERRYMAN_NIGHTLY=1 scripts/test`` runs them with everything else.
+    """
+    if os.environ.get(_NIGHTLY_ENV) == "1":
+        return
+    long_variants = [item for item in items if item.get_closest_marker("nightly") is not None]
+    if long_variants:
+        config.hook.pytest_deselected(items=long_variants)
+        items[:] = [item for item in items if item.get_closest_marker("nightly") is None]
 
 
 def _external(name: str, bootstrap: str) -> ExternalCluster:

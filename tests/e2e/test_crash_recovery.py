@@ -62,14 +62,28 @@ class SequenceProducer(threading.Thread):
             self.error = exc
 
 
-def test_kill_9_wrapper_and_deduper_three_times_each(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+def _kill_9_mid_stream(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    *,
+    kills_each: int,
+    gap_s: tuple[float, float],
+    per_partition: int,
+    seed: int,
 ) -> None:
-    rng = random.Random(20261122)
+    """kill -9 each service ``kills_each`` times at random moments of a paced stream, restarting it at once.
+
+    A gap drawn from ``gap_s`` separates two kills; a short one lands while the
+    restarted process is still recovering (init_transactions, restoring its
+    watermarks, rejoining the group). The copy must then be exact.
+    """
+    rng = random.Random(seed)
     topics = [unique_name(f"crash{i}") for i in range(2)]
     for t in topics:
         create_topic(source_cluster.bootstrap_servers, t, PARTITIONS)
-    producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=6000, rate_per_s=2500)
+    producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=per_partition, rate_per_s=2500)
     with running_flow(
         source_cluster,
         destination_cluster,
@@ -83,10 +97,10 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
         wrapper, deduper = f.wrapper, f.deduper
         deduper.wait_for_log("assigned staging partitions", 60)
         producer.start()
-        kills = ["wrapper", "deduper"] * 3
+        kills = ["wrapper", "deduper"] * kills_each
         rng.shuffle(kills)
         for victim in kills:
-            time.sleep(rng.uniform(1.0, 2.5))  # random moment mid-stream, by design
+            time.sleep(rng.uniform(*gap_s))  # random moment mid-stream, by design
             assert producer.is_alive(), "the stream ended before every kill happened: slow the producer"
             proc = wrapper if victim == "wrapper" else deduper
             assert proc.alive, proc.output()[-3000:]
@@ -99,10 +113,42 @@ def test_kill_9_wrapper_and_deduper_three_times_each(
             expected = sum(len(v) for v in src.values())
             dst = read_all(destination_cluster.bootstrap_servers, f"src.{t}", expected=expected, timeout_s=240)
             assert_exact_copy(src, dst)
-        assert wrapper.starts == 4
-        assert deduper.starts == 4
+        assert wrapper.starts == kills_each + 1
+        assert deduper.starts == kills_each + 1
         assert wrapper.terminate() == 0
         assert deduper.terminate() == 0
+
+
+def test_kill_9_wrapper_and_deduper_three_times_each(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    _kill_9_mid_stream(
+        source_cluster,
+        destination_cluster,
+        unique_name,
+        tmp_path,
+        kills_each=3,
+        gap_s=(1.0, 2.5),
+        per_partition=6000,  # ~19 s of stream at 2500 records/s
+        seed=20261122,
+    )
+
+
+@pytest.mark.nightly
+def test_kill_9_wrapper_and_deduper_twelve_times_each_some_while_recovering(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The long variant (FERRYMAN_NIGHTLY=1): 24 kills, some 0.2 s after the last restart."""
+    _kill_9_mid_stream(
+        source_cluster,
+        destination_cluster,
+        unique_name,
+        tmp_path,
+        kills_each=12,
+        gap_s=(0.2, 2.5),
+        per_partition=25_000,  # ~80 s of stream at 2500 records/s, 200 000 records
+        seed=20261123,
+    )
 
 
 def test_second_deduper_with_same_identity_is_fenced(

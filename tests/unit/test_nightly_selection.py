@@ -1,0 +1,41 @@
+"""CI runs the sizes made for it; FERRYMAN_NIGHTLY=1 adds the long variants (deselected otherwise, not skipped)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
+_LONG = "test_kill_9_wrapper_and_deduper_twelve_times_each_some_while_recovering"
+
+
+def _collect(nightly: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "FERRYMAN_NIGHTLY"}
+    if nightly is not None:
+        env["FERRYMAN_NIGHTLY"] = nightly
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/e2e/test_crash_recovery.py"],
+        cwd=_REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_the_long_variants_are_deselected_unless_nightly() -> None:
+    ci = _collect(None)
+    assert _LONG not in ci
+    assert "test_kill_9_wrapper_and_deduper_three_times_each" in ci
+    assert "1 deselected" in ci
+    assert _LONG not in _collect("0")
+
+
+def test_nightly_collects_them_with_everything_else() -> None:
+    nightly = _collect("1")
+    assert _LONG in nightly
+    assert "test_kill_9_wrapper_and_deduper_three_times_each" in nightly
+    assert "deselected" not in nightly
