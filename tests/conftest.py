@@ -36,8 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the long (``nightly``) variants out unless FERRYMAN_NIGHTLY=1: CI runs the sizes made for it.
 
-    They are deselected, not skipped: a run reports them as not collected for this
-    run, and ``FERRYMAN_NIGHTLY=1 scripts/test`` runs them with everything else.
+    They are deselected, not skipped (pytest counts them as "deselected"), and
+    ``FERRYMAN_NIGHTLY=1 scripts/test`` runs them with everything else.
     """
     if os.environ.get(_NIGHTLY_ENV) == "1":
         return

@@ -62,12 +62,23 @@ class SequenceProducer(threading.Thread):
             self.error = exc
 
 
-def _kill_9_mid_stream(
+@pytest.mark.parametrize(
+    ("kills_each", "gap_s", "per_partition", "seed"),
+    [
+        # ~19 s of stream at 2500 records/s (48 000 records), a kill every 1-2.5 s.
+        pytest.param(3, (1.0, 2.5), 6000, 20261122, id="3-kills-each"),
+        # The long variant (FERRYMAN_NIGHTLY=1): ~80 s of stream (200 000 records), gaps from
+        # 0.2 s, so some kills land while the restarted service is still recovering.
+        pytest.param(
+            12, (0.2, 2.5), 25_000, 20261123, id="12-kills-each-some-while-recovering", marks=pytest.mark.nightly
+        ),
+    ],
+)
+def test_kill_9_wrapper_and_deduper_mid_stream(
     source_cluster: KafkaCluster,
     destination_cluster: KafkaCluster,
     unique_name: Callable[[str], str],
     tmp_path: Path,
-    *,
     kills_each: int,
     gap_s: tuple[float, float],
     per_partition: int,
@@ -117,38 +128,6 @@ def _kill_9_mid_stream(
         assert deduper.starts == kills_each + 1
         assert wrapper.terminate() == 0
         assert deduper.terminate() == 0
-
-
-def test_kill_9_wrapper_and_deduper_three_times_each(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    _kill_9_mid_stream(
-        source_cluster,
-        destination_cluster,
-        unique_name,
-        tmp_path,
-        kills_each=3,
-        gap_s=(1.0, 2.5),
-        per_partition=6000,  # ~19 s of stream at 2500 records/s
-        seed=20261122,
-    )
-
-
-@pytest.mark.nightly
-def test_kill_9_wrapper_and_deduper_twelve_times_each_some_while_recovering(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    """The long variant (FERRYMAN_NIGHTLY=1): 24 kills, some 0.2 s after the last restart."""
-    _kill_9_mid_stream(
-        source_cluster,
-        destination_cluster,
-        unique_name,
-        tmp_path,
-        kills_each=12,
-        gap_s=(0.2, 2.5),
-        per_partition=25_000,  # ~80 s of stream at 2500 records/s, 200 000 records
-        seed=20261123,
-    )
 
 
 def test_second_deduper_with_same_identity_is_fenced(
