@@ -16,8 +16,7 @@ one can, and its start-up counts in its CPU figure like the services' do. So
 the consumer settings it shares with the services come on the command line
 (``--consumer-property``, which the bench's row fills from
 ``ferryman.client_config``) instead of from an import of ``ferryman``, whose
-package brings pydantic (~0.1 CPU s measured here, some 6% of the loop's
-CPU for a bulk copy of a million records). The services' cyclic-GC setting
+package brings the config models, the envelope codec and protobuf. The services' cyclic-GC setting
 comes the same way (``--gc-gen0-threshold``): every consumed record is a
 GC-tracked ``Message``, and with CPython's defaults the loop spent ~5% of its
 rate on collections.

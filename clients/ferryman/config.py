@@ -17,10 +17,11 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from msgspec import Meta, Struct, field
 
 from ferryman.errors import ConfigError
 
@@ -32,27 +33,65 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "oauthbearer.config", "jaas", "credential")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class SecretStr:
+    """A secret string that never prints (``get_secret_value()`` reads it)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        """The secret itself."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "SecretStr('**********')"
+
+    def __str__(self) -> str:
+        return "**********"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretStr) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
 
 
-class ClusterConfig(_Model):
+class _FieldError(ValueError):
+    """A field's value is refused by a check its type cannot express."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field_name = field_name
+
+
+class _Model(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Frozen, keyword-only, unknown fields refused; ``validated()`` checks every constraint."""
+
+
+_M = TypeVar("_M", bound=_Model)
+
+
+class ClusterConfig(_Model, frozen=True):
     """How to reach one Kafka cluster."""
 
     bootstrap_servers: str
     """Comma-separated host:port list (librdkafka ``bootstrap.servers``)."""
-    client_config: dict[str, str] = Field(default_factory=dict)
+    client_config: dict[str, str] = field(default_factory=dict)
     """Extra librdkafka properties for every client on this cluster
     (security.protocol, sasl.*, ssl.*); secret values are masked when printed."""
 
-    def __repr_args__(self) -> Any:
+    def __repr__(self) -> str:
         masked = {
             k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in self.client_config.items()
         }
-        return [("bootstrap_servers", self.bootstrap_servers), ("client_config", masked)]
+        return f"ClusterConfig(bootstrap_servers={self.bootstrap_servers!r}, client_config={masked!r})"
+
+    __str__ = __repr__
 
 
-class NamingConfig(_Model):
+class NamingConfig(_Model, frozen=True):
     """Replication (naming) policy: how a source topic name becomes a destination name."""
 
     policy: Literal["prefix", "identity"] = "prefix"
@@ -60,11 +99,11 @@ class NamingConfig(_Model):
     ``identity``: the source name unchanged."""
     separator: str = "."
     """Separator between the source alias and the topic name (prefix policy)."""
-    rename: dict[str, str] = Field(default_factory=dict)
+    rename: dict[str, str] = field(default_factory=dict)
     """Explicit source-topic to destination-topic names; they win over the policy."""
 
 
-class FlowConfig(_Model):
+class FlowConfig(_Model, frozen=True):
     """One replication flow: topics of a source cluster copied to a target cluster."""
 
     name: str
@@ -73,18 +112,18 @@ class FlowConfig(_Model):
     """Alias of the source cluster (a key of ``clusters``)."""
     target: str
     """Alias of the target (destination) cluster."""
-    topics: list[str] = Field(default_factory=lambda: [".*"])
+    topics: list[str] = field(default_factory=lambda: [".*"])
     """Regexes (full match) of source topics to replicate."""
-    topics_exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_TOPICS_EXCLUDE))
+    topics_exclude: list[str] = field(default_factory=lambda: list(DEFAULT_TOPICS_EXCLUDE))
     """Regexes (full match) of source topics never to replicate."""
-    naming: NamingConfig = Field(default_factory=NamingConfig)
+    naming: NamingConfig = field(default_factory=NamingConfig)
     """How destination topics are named."""
     exactly_once: bool = True
     """Deduplicate and write destination records in Kafka transactions. When false
     the deduper still drops replays it can see but commits without transactions."""
     staging_topic: str | None = None
     """Staging topic on the target; default ``ferryman.<flow>.staging.internal``."""
-    staging_partitions: int = Field(default=12, ge=1, le=10_000)
+    staging_partitions: Annotated[int, Meta(ge=1, le=10_000)] = 12
     """Partitions of the staging topic; fixed for the life of the flow (the
     source-partition to staging-partition map depends on it)."""
     start_position: Literal["earliest", "latest"] = "earliest"
@@ -100,25 +139,18 @@ class FlowConfig(_Model):
     starts its partitions' watermarks again at -1 (loudly); ``halt`` stops
     writing them until an operator intervenes."""
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError("flow name may only contain letters, digits, '.', '_' and '-'")
-        return v
-
-    @field_validator("topics", "topics_exclude")
-    @classmethod
-    def _valid_regexes(cls, v: list[str]) -> list[str]:
-        for pattern in v:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid topic regex {pattern!r}: {exc}") from exc
-        return v
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise _FieldError("name", "flow name may only contain letters, digits, '.', '_' and '-'")
+        for name, patterns in (("topics", self.topics), ("topics_exclude", self.topics_exclude)):
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise _FieldError(name, f"invalid topic regex {pattern!r}: {exc}") from exc
 
 
-class TlsConfig(_Model):
+class TlsConfig(_Model, frozen=True):
     """TLS for every gRPC server and client of the project (one set of settings)."""
 
     cert_file: Path | None = None
@@ -138,55 +170,55 @@ class TlsConfig(_Model):
         return any((self.cert_file, self.key_file, self.ca_file))
 
 
-class RpcConfig(_Model):
+class RpcConfig(_Model, frozen=True):
     """gRPC settings shared by the services, the admin client and the CLI."""
 
-    tls: TlsConfig = Field(default_factory=TlsConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     """Transport security; plaintext when nothing is set."""
     auth_token: SecretStr | None = None
     """Bearer token every gRPC call must carry (``authorization`` metadata); none disables the check."""
-    connect_backoff_max_s: float = Field(default=10.0, gt=0)
+    connect_backoff_max_s: Annotated[float, Meta(gt=0)] = 10.0
     """Longest wait between reconnect attempts of a control stream."""
 
 
-class WrapperConfig(_Model):
+class WrapperConfig(_Model, frozen=True):
     """Tuning of the wrapper service (source side)."""
 
     instance_id: str | None = None
     """Stable identity of this wrapper process. When set it is also the source
     consumer's ``group.instance.id`` (static membership, KIP-345), so a restarted
     wrapper takes its partitions back at once instead of waiting for a rebalance."""
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    session_timeout_ms: Annotated[int, Meta(ge=1000)] = 10_000
     """Consumer group session timeout: how long a dead wrapper keeps its partitions."""
     group_id: str | None = None
     """Source consumer group; default ``ferryman-wrapper.<flow>``."""
-    consume_batch_size: int = Field(default=10_000, ge=1)
+    consume_batch_size: Annotated[int, Meta(ge=1)] = 10_000
     """Records fetched per consume() call (one Python/C crossing per batch)."""
-    poll_timeout_ms: int = Field(default=10, ge=1)
+    poll_timeout_ms: Annotated[int, Meta(ge=1)] = 10
     """Longest wait for records in one consume() call. consume() returns early only
     on a full batch, so at low rates this is added to end-to-end latency."""
-    envelope_max_records: int = Field(default=1000, ge=1)
+    envelope_max_records: Annotated[int, Meta(ge=1)] = 1000
     """Most records packed into one envelope."""
-    envelope_max_bytes: int = Field(default=512 * 1024, ge=1024)
+    envelope_max_bytes: Annotated[int, Meta(ge=1024)] = 512 * 1024
     """Target payload size of one envelope (a single larger record still gets its own)."""
-    commit_interval_ms: int = Field(default=1000, ge=10)
+    commit_interval_ms: Annotated[int, Meta(ge=10)] = 1000
     """How often acknowledged source offsets are committed to the source cluster."""
-    topic_refresh_interval_s: float = Field(default=10.0, gt=0)
+    topic_refresh_interval_s: Annotated[float, Meta(gt=0)] = 10.0
     """How often the source topic list is re-read to pick up new topics."""
-    linger_ms: int = Field(default=5, ge=0)
+    linger_ms: Annotated[int, Meta(ge=0)] = 5
     """Producer linger (librdkafka ``linger.ms``) for staging writes."""
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     """Compression of staging batches."""
-    staging_max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
+    staging_max_message_bytes: Annotated[int, Meta(ge=1024 * 1024)] = 8 * 1024 * 1024
     """``max.message.bytes`` of the staging topic and the producer's
     ``message.max.bytes``; must exceed the largest source record plus envelope overhead."""
-    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    shutdown_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     """Budget for flushing staging writes and committing on SIGTERM."""
     listen_address: str = "[::]:7450"
     """gRPC listen address of the wrapper (health, reflection, status)."""
-    deduper_addresses: list[str] = Field(default_factory=list)
+    deduper_addresses: list[str] = field(default_factory=list)
     """Control services of the flow's dedupers (host:port); empty disables the control link."""
-    progress_interval_s: float = Field(default=2.0, gt=0)
+    progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     """How often source progress is sent over the control link."""
 
 
@@ -196,36 +228,36 @@ _AT_LEAST_ONCE_LINGER_MS = 5
 _EXACTLY_ONCE_MAX_LINGER_MS = 100
 
 
-class DeduperConfig(_Model):
+class DeduperConfig(_Model, frozen=True):
     """Tuning of the deduper service (destination side)."""
 
-    instance_id: str = Field(default_factory=socket.gethostname)
+    instance_id: str = field(default_factory=socket.gethostname)
     """Stable identity of this deduper process; its transactional.id is
     ``ferryman-deduper.<flow>.<instance_id>``. Two live processes must never share it."""
     group_id: str | None = None
     """Staging consumer group; default ``ferryman-deduper.<flow>``."""
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    session_timeout_ms: Annotated[int, Meta(ge=1000)] = 10_000
     """Consumer group session timeout. The instance id is the consumer's
     ``group.instance.id`` (static membership), so a restarted deduper takes its
     partitions back at once; a deduper that is gone for good keeps them this long."""
-    consume_batch_size: int = Field(default=500, ge=1)
+    consume_batch_size: Annotated[int, Meta(ge=1)] = 500
     """Staging records (envelopes) fetched per consume() call."""
-    poll_timeout_ms: int = Field(default=10, ge=1)
+    poll_timeout_ms: Annotated[int, Meta(ge=1)] = 10
     """Longest wait for envelopes in one consume() call (added to latency at low rates)."""
-    transaction_interval_ms: int = Field(default=100, ge=10)
+    transaction_interval_ms: Annotated[int, Meta(ge=10)] = 100
     """Commit the open transaction once it is this old: the main term of end-to-end
     latency when caught up (p99 ~260 ms at 40 k records/s here). Kafka transactions
     have a fixed cost each, so they are committed on a time/size budget, never per
     record; while catching up they stretch to 3x the last commit's duration (1 s at most)."""
-    transaction_max_records: int = Field(default=200_000, ge=1)
+    transaction_max_records: Annotated[int, Meta(ge=1)] = 200_000
     """Commit the open transaction once it holds this many destination records."""
-    transaction_timeout_ms: int = Field(default=60_000, ge=1000)
+    transaction_timeout_ms: Annotated[int, Meta(ge=1000)] = 60_000
     """librdkafka ``transaction.timeout.ms``: the coordinator aborts a transaction
     older than this. Must exceed interval + worst-case commit time; read_committed
     readers of the destination wait at most this long behind a stuck transaction."""
-    operation_timeout_s: float = Field(default=30.0, gt=0)
+    operation_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     """Budget for one flush/commit/abort/init call including retries."""
-    linger_ms: int | None = Field(default=None, ge=0)
+    linger_ms: Annotated[int, Meta(ge=0)] | None = None
     """Producer linger for destination writes. Default: ``transaction_interval_ms``
     (at most 100 ms) when the flow is exactly-once, 5 ms otherwise (see producer_linger_ms)."""
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
@@ -234,15 +266,15 @@ class DeduperConfig(_Model):
     deduper and the broker (which decompresses to validate) CPU per record. A
     destination topic whose ``compression.type`` config is set (replicated from
     the source) is compressed by the broker either way."""
-    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
+    max_message_bytes: Annotated[int, Meta(ge=1024 * 1024)] = 8 * 1024 * 1024
     """Producer ``message.max.bytes``; the destination topic's own limit still applies."""
     listen_address: str = "[::]:7460"
     """gRPC listen address of the deduper (control service, health, reflection, status)."""
-    watermark_interval_s: float = Field(default=1.0, gt=0)
+    watermark_interval_s: Annotated[float, Meta(gt=0)] = 1.0
     """How often committed watermarks are sent to connected wrappers."""
-    backpressure_max_staging_lag: int = Field(default=200_000, ge=1)
+    backpressure_max_staging_lag: Annotated[int, Meta(ge=1)] = 200_000
     """Pause wrappers when this many staging records wait to be deduplicated."""
-    resend_retry_s: float = Field(default=10.0, gt=0)
+    resend_retry_s: Annotated[float, Meta(gt=0)] = 10.0
     """Ask again for a gap's records if they have not arrived after this long."""
 
     def producer_linger_ms(self, exactly_once: bool) -> int:
@@ -263,30 +295,26 @@ class DeduperConfig(_Model):
             return min(self.transaction_interval_ms, _EXACTLY_ONCE_MAX_LINGER_MS)
         return _AT_LEAST_ONCE_LINGER_MS
 
-    @field_validator("instance_id")
-    @classmethod
-    def _valid_instance(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError("instance_id may only contain letters, digits, '.', '_' and '-'")
-        return v
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.instance_id):
+            raise _FieldError("instance_id", "instance_id may only contain letters, digits, '.', '_' and '-'")
 
 
-class FerrymanConfig(_Model):
+class FerrymanConfig(_Model, frozen=True):
     """Everything a Ferryman service needs to run."""
 
     clusters: dict[str, ClusterConfig]
     """Clusters by alias."""
     flows: list[FlowConfig]
     """Replication flows."""
-    wrapper: WrapperConfig = Field(default_factory=WrapperConfig)
+    wrapper: WrapperConfig = field(default_factory=WrapperConfig)
     """Wrapper tuning."""
-    deduper: DeduperConfig = Field(default_factory=DeduperConfig)
+    deduper: DeduperConfig = field(default_factory=DeduperConfig)
     """Deduper tuning."""
-    rpc: RpcConfig = Field(default_factory=RpcConfig)
+    rpc: RpcConfig = field(default_factory=RpcConfig)
     """gRPC transport security and authentication."""
 
-    @model_validator(mode="after")
-    def _check_aliases(self) -> FerrymanConfig:
+    def __post_init__(self) -> None:
         names = [f.name for f in self.flows]
         if len(names) != len(set(names)):
             raise ValueError(f"flow names must be unique, got {names}")
@@ -299,7 +327,6 @@ class FerrymanConfig(_Model):
                     )
             if flow.source == flow.target and flow.naming.policy == "identity" and not flow.naming.rename:
                 raise ValueError(f"flow {flow.name!r}: identity naming onto the same cluster would loop")
-        return self
 
     def flow(self, name: str | None) -> FlowConfig:
         """Return the named flow, or the only flow when name is None."""
@@ -398,8 +425,75 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Ferr
         data = seed
     _apply_env_overrides(data, env)
     try:
-        return FerrymanConfig.model_validate(data)
-    except ValidationError as exc:
+        return parse_config(data)
+    except ConfigError as exc:
         where = f"config file {path}" if path else "environment configuration"
-        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(f"invalid {where}:\n" + "\n".join(lines)) from exc
+        raise ConfigError(f"invalid {where}:\n  {exc}") from exc
+
+
+def parse_config(data: Mapping[str, Any]) -> FerrymanConfig:
+    """The configuration in data (plain values, as YAML gives them), validated.
+
+    Raises:
+        ConfigError: naming the first offending field (``flows.0.staging_partitions: ...``).
+    """
+    clusters = data.get("clusters")
+    if isinstance(clusters, Mapping):
+        # Checked one by one first: an error inside a mapping's value names the key.
+        for alias, cluster in clusters.items():
+            validated(ClusterConfig, cluster, at=("clusters", str(alias)))
+    return validated(FerrymanConfig, data)
+
+
+def validated(kind: type[_M], data: object, *, at: tuple[str, ...] = ()) -> _M:
+    """Validate data (plain values) as a kind of configuration model, checking every constraint.
+
+    Strings are accepted where numbers and booleans are expected (environment
+    overrides are strings). Building a model directly skips its numeric bounds;
+    anything read from outside goes through here.
+
+    Raises:
+        ConfigError: ``<path>: <problem>``, the path relative to the top of data plus ``at``.
+    """
+    try:
+        return msgspec.convert(data, kind, strict=False, dec_hook=_decode_hook)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_describe(exc, at)) from exc
+
+
+#: msgspec's "<problem> - at `$.a[0].b`"; the path is absent at the top level.
+_AT_RE = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_PATH_PART_RE = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
+#: Object-level problems, restated as problems of the field they name.
+_FIELD_PROBLEMS = (
+    (re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`$"), "unknown field"),
+    (re.compile(r"^Object missing required field `(?P<field>[^`]*)`$"), "field required"),
+)
+
+
+def _describe(exc: msgspec.ValidationError, at: tuple[str, ...]) -> str:
+    match = _AT_RE.match(str(exc))
+    problem, raw_path = (match["problem"], match["path"] or "") if match else (str(exc), "")
+    path = list(at)
+    for name, index in _PATH_PART_RE.findall(raw_path):
+        if index == "...":  # a mapping's value; msgspec does not say which key
+            path[-1] += "[...]"
+        else:
+            path.append(name or index)
+    for pattern, restated in _FIELD_PROBLEMS:
+        named = pattern.match(problem)
+        if named:
+            path.append(named["field"])
+            problem = restated
+    if isinstance(exc.__cause__, _FieldError):
+        path.append(exc.__cause__.field_name)
+    return f"{'.'.join(path)}: {problem}" if path else problem
+
+
+def _decode_hook(kind: type, value: object) -> object:
+    """The two field types msgspec does not build itself, from the strings YAML gives."""
+    if kind not in (Path, SecretStr):
+        raise NotImplementedError(kind)  # no such field type in the models
+    if not isinstance(value, str):
+        raise TypeError(f"Expected `str`, got `{type(value).__name__}`")  # msgspec adds the path
+    return kind(value)

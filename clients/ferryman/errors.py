@@ -1,7 +1,7 @@
 """Exception hierarchy shared by every Ferryman package.
 
 One root (`FerrymanError`) with small named subclasses. Foreign errors
-(librdkafka, gRPC, pydantic) are translated into these once, at the boundary
+(librdkafka, gRPC, msgspec) are translated into these once, at the boundary
 where they are caught, so callers never need to know the library underneath.
 """
 

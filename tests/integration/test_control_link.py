@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 from ferryman import protocol
-from ferryman.config import RpcConfig, TlsConfig
+from ferryman.config import RpcConfig, SecretStr, TlsConfig
 from ferryman.rpc import rpc_error_from
 from ferryman.v1 import control_pb2
 from ferryman_deduper._control import ControlHub
@@ -420,7 +420,7 @@ def test_link_runs_over_mutual_tls_with_a_token_and_refuses_everyone_else(
         "auth_token": token,
     }
     client_tls = TlsConfig(cert_file=pki.client_cert, key_file=pki.client_key, ca_file=pki.ca_cert)
-    client = RpcConfig(tls=client_tls, auth_token=token)  # type: ignore[arg-type]
+    client = RpcConfig(tls=client_tls, auth_token=SecretStr(token))
     topic = unique_name("tls")
     create_topic(source_cluster.bootstrap_servers, topic, 2)
     produce_sequences(source_cluster.bootstrap_servers, topic, 2, 100)
@@ -448,10 +448,10 @@ def test_link_runs_over_mutual_tls_with_a_token_and_refuses_everyone_else(
             return err.value.code()
 
         address = pair.deduper_address
-        plaintext = RpcConfig(auth_token=token)  # type: ignore[arg-type]
-        no_client_cert = RpcConfig(tls=TlsConfig(ca_file=pki.ca_cert), auth_token=token)  # type: ignore[arg-type]
+        plaintext = RpcConfig(auth_token=SecretStr(token))
+        no_client_cert = RpcConfig(tls=TlsConfig(ca_file=pki.ca_cert), auth_token=SecretStr(token))
         no_token = RpcConfig(tls=client_tls)
-        wrong_token = RpcConfig(tls=client_tls, auth_token="guess")  # type: ignore[arg-type]
+        wrong_token = RpcConfig(tls=client_tls, auth_token=SecretStr("guess"))
         assert code_of(lambda: deduper_status(address, plaintext)) == grpc.StatusCode.UNAVAILABLE
         assert code_of(lambda: deduper_status(address, no_client_cert)) == grpc.StatusCode.UNAVAILABLE
         assert code_of(lambda: deduper_status(address, no_token)) == grpc.StatusCode.UNAUTHENTICATED

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import pytest
-from ferryman.config import RpcConfig
+from ferryman.config import RpcConfig, SecretStr
 from ferryman.errors import (
     ConfigError,
     CorruptEnvelopeError,
@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from pydantic import SecretStr
 
 from tests.helpers.grpc_clients import CALL_TIMEOUT_S, DEDUPER_SERVICE, NOT_SERVING
 from tests.integration.test_rpc_server import (
@@ -45,7 +44,7 @@ TOKEN = "s3cret-token"
 
 
 def _secret(token: str | None) -> SecretStr | None:
-    """token as RpcConfig stores it (pydantic turns a str into the same SecretStr)."""
+    """token as RpcConfig stores it (the config turns a str into the same SecretStr)."""
     return None if token is None else SecretStr(token)
 
 

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import msgspec
 import pytest
-from ferryman.config import RpcConfig, TlsConfig
+from ferryman.config import RpcConfig, SecretStr, TlsConfig
 from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.v1 import control_pb2_grpc
-from pydantic import SecretStr
 
 from tests.helpers.certs import TestPki, make_pki
 from tests.helpers.grpc_clients import CALL_TIMEOUT_S
@@ -114,7 +114,7 @@ def test_mutual_tls_rejects_clients_without_a_trusted_certificate(pki: TestPki, 
 
 
 def test_tls_with_token_auth(pki: TestPki) -> None:
-    server_rpc = _server_tls(pki, mutual=True).model_copy(update={"auth_token": SecretStr("tok")})
+    server_rpc = msgspec.structs.replace(_server_tls(pki, mutual=True), auth_token=SecretStr("tok"))
     client_tls = _client_tls(pki.ca_cert, pki.client_cert, pki.client_key).tls
     with running_server(server_rpc) as (server, _):
         address = f"localhost:{server.port}"

@@ -25,8 +25,12 @@ def each_codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.fixture
 def restored_gc() -> Iterator[None]:
-    """Undo a test's freeze and GC thresholds (tune_gc and the copy loop's own setting change them process-wide)."""
-    threshold = gc.get_threshold()
+    """Undo a test's freeze, GC thresholds and switch (tune_gc and the copy loop change them process-wide)."""
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
     yield
     gc.unfreeze()
     gc.set_threshold(*threshold)
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()

@@ -6,12 +6,12 @@ import random
 import string
 
 import pytest
-from ferryman.config import DEFAULT_TOPICS_EXCLUDE, FlowConfig, NamingConfig
+from ferryman.config import DEFAULT_TOPICS_EXCLUDE, FlowConfig, NamingConfig, validated
 from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 
 
 def flow(**kw: object) -> FlowConfig:
-    return FlowConfig.model_validate({"name": "f1", "source": "east", "target": "west", **kw})
+    return validated(FlowConfig, {"name": "f1", "source": "east", "target": "west", **kw})
 
 
 # ---------------------------------------------------------------- naming policy
@@ -36,7 +36,7 @@ def test_identity_policy_keeps_the_name() -> None:
 
 @pytest.mark.parametrize("policy", ["prefix", "identity"])
 def test_explicit_renames_win_over_the_policy(policy: str) -> None:
-    naming = NamingConfig.model_validate({"policy": policy, "rename": {"orders": "orders-copy", "pay": "east.pay"}})
+    naming = validated(NamingConfig, {"policy": policy, "rename": {"orders": "orders-copy", "pay": "east.pay"}})
     names = NamingPolicy("east", naming)
     assert names.destination_topic("orders") == "orders-copy"
     assert names.destination_topic("pay") == "east.pay"

@@ -7,11 +7,10 @@ from typing import Any
 
 import grpc
 import pytest
-from ferryman.config import RpcConfig, TlsConfig
+from ferryman.config import RpcConfig, SecretStr, TlsConfig
 from ferryman.errors import ConfigError
 from ferryman.rpc import AuthInterceptor, ErrorMappingInterceptor, TracingInterceptor, default_server_interceptors
 from ferryman.rpc._tls import channel_credentials, server_credentials
-from pydantic import SecretStr
 
 
 def test_default_interceptors_outermost_first() -> None:

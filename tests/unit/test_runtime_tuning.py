@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 from confluent_kafka import Producer
@@ -45,3 +47,23 @@ def test_tune_gc_freezes_the_start_up_heap_and_collects_young_objects_rarely() -
     tune_gc()
     assert gc.get_freeze_count() > len(alive)
     assert gc.get_threshold() == (50_000, g1, g2)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_tune_gc_turns_the_gc_back_on_after_a_start_up_without_it() -> None:
+    gc.disable()  # what the services' entry points do before their modules load
+    tune_gc()
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("service", ["ferryman_wrapper", "ferryman_deduper"])
+def test_the_entry_point_module_loads_nothing_before_main_switches_the_gc_off(service: str) -> None:
+    """The console script imports ``<service>.cli``; the service's own modules must wait for main()."""
+    probe = (
+        f"import sys, {service}.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"('ferryman', '{service}', 'confluent_kafka', 'grpc', 'google', 'msgspec', 'yaml') and m != '{service}.cli' "
+        f"and m != '{service}'))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

@@ -38,9 +38,8 @@ from typing import Any, NoReturn
 import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
-from pydantic import SecretStr
 
-from ferryman.config import RpcConfig
+from ferryman.config import RpcConfig, SecretStr
 from ferryman.errors import ConfigError
 from ferryman.rpc._errors import abort_with, status_code_for
 

@@ -1,5 +1,5 @@
-"""The deduper service: staging envelopes to destination records, exactly once."""
+"""The deduper service: staging envelopes to destination records, exactly once.
 
-from ferryman_deduper._deduper import Deduper, DeduperStats
-
-__all__ = ["Deduper", "DeduperStats"]
+The service is ``ferryman_deduper._deduper.Deduper``; this package imports
+nothing, so its entry point (``cli.main``) decides when the service's modules load.
+"""

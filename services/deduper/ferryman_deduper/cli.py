@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ferryman.config import FerrymanConfig, FlowConfig
-from ferryman.service import Service, main_for
-
-from ferryman_deduper._deduper import Deduper
+if TYPE_CHECKING:
+    from ferryman.config import FerrymanConfig, FlowConfig
+    from ferryman.service import Service
 
 
 def _build(config: FerrymanConfig, flow: FlowConfig, args: argparse.Namespace) -> Service:
+    from ferryman_deduper._deduper import Deduper  # noqa: PLC0415 (loaded by main(), see there)
+
     return Deduper(config, flow, instance_id=args.instance_id, listen_address=args.listen)
 
 
@@ -27,7 +30,18 @@ def _add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script entry point."""
+    """Console script entry point.
+
+    The cyclic GC is off until the service has started (``tune_gc()`` freezes
+    what start-up built and turns it back on): loading the modules is most of
+    a service's start-up, and it creates objects, not garbage. So the service's
+    modules load here, after ``gc.disable()``, not at the top of this module.
+    """
+    gc.disable()
+    from ferryman.service import main_for  # noqa: PLC0415
+
+    import ferryman_deduper._deduper  # noqa: F401, PLC0415
+
     return main_for(
         "ferryman-deduper",
         "Deduplicate staging envelopes and write the original records to the destination, exactly once.",

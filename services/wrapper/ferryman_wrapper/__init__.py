@@ -1,5 +1,5 @@
-"""The wrapper service: source records to envelopes in the staging topic."""
+"""The wrapper service: source records to envelopes in the staging topic.
 
-from ferryman_wrapper._wrapper import Wrapper
-
-__all__ = ["Wrapper"]
+The service is ``ferryman_wrapper._wrapper.Wrapper``; this package imports
+nothing, so its entry point (``cli.main``) decides when the service's modules load.
+"""
