@@ -1,9 +1,10 @@
-"""CPU seconds and peak RSS of process trees (a replicator's processes and their children)."""
+"""CPU seconds, page faults and peak RSS of process trees (a replicator's processes and their children)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import psutil
 
@@ -12,14 +13,44 @@ import psutil
 _SAMPLE_INTERVAL_S = 0.2
 
 
+class Usage(NamedTuple):
+    """What a process, or a tree of them, has used so far."""
+
+    cpu_s: float
+    """User + system CPU seconds."""
+    kernel_s: float
+    """Of which system (kernel) time."""
+    minor_faults: int
+    """Minor page faults: every first touch of a fresh page is one, and the kernel
+    zero-fills an anonymous page on it (``clear_page``)."""
+
+    def plus(self, other: Usage) -> Usage:
+        """The two usages together."""
+        return Usage(self.cpu_s + other.cpu_s, self.kernel_s + other.kernel_s, self.minor_faults + other.minor_faults)
+
+
+_NO_USAGE = Usage(0.0, 0.0, 0)
+
+
+def _minor_faults(pid: int) -> int | None:
+    """Minor faults of a process and of the children it reaped (``/proc/<pid>/stat``); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[7]) + int(fields[8])  # minflt, cminflt (fields 10 and 11 of proc(5))
+
+
 class TreeSampler:
     """Samples processes and all their descendants on a thread.
 
     CPU is user + system time of every process seen (a process that exits keeps
     its last sample), plus what each process collected from children it reaped;
-    ``by_root()`` splits it by root process (each with its descendants), and
-    ``kernel_s()`` gives the system part. RSS is summed over the live processes at
-    each sample; the peak is kept.
+    ``by_root()`` splits it by root process (each with its descendants),
+    ``kernel_s()`` gives the system part, and ``usage_by_root()`` both with the
+    minor page faults. RSS is summed over the live processes at each sample; the
+    peak is kept.
 
     Args:
         pids: root processes (e.g. a JVM, a Python service, a shell that started one).
@@ -32,8 +63,8 @@ class TreeSampler:
                 self._roots.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        # pid -> (pid of the root of its tree, CPU seconds, of which in the kernel)
-        self._cpu: dict[int, tuple[int, float, float]] = {}
+        # pid -> (pid of the root of its tree, what the process used)
+        self._usage: dict[int, tuple[int, Usage]] = {}
         self._lock = threading.Lock()
         self.peak_rss_bytes = 0
         self._stop = threading.Event()
@@ -62,24 +93,31 @@ class TreeSampler:
                         mem = proc.memory_info().rss
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue
+                faults = _minor_faults(proc.pid)
+                if faults is None:
+                    continue  # gone in between: its last sample stands
                 kernel = t.system + t.children_system
-                self._cpu[proc.pid] = (root, t.user + t.children_user + kernel, kernel)
+                self._usage[proc.pid] = (root, Usage(t.user + t.children_user + kernel, kernel, faults))
                 rss += mem
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            return sum(cpu for _root, cpu, _kernel in self._cpu.values())
+            return sum(u.cpu_s for _root, u in self._usage.values())
 
     def kernel_s(self) -> float:
         """CPU seconds spent in the kernel (system time), of the total, as of the last sample."""
         with self._lock:
-            return sum(kernel for _root, _cpu, kernel in self._cpu.values())
+            return sum(u.kernel_s for _root, u in self._usage.values())
+
+    def usage_by_root(self) -> dict[int, Usage]:
+        """What each root's tree used (root pid: usage) as of the last sample."""
+        with self._lock:
+            out = dict.fromkeys((r.pid for r in self._roots), _NO_USAGE)
+            for root, usage in self._usage.values():
+                out[root] = out[root].plus(usage)
+            return out
 
     def by_root(self) -> dict[int, float]:
         """CPU seconds of each root's tree (root pid: seconds) as of the last sample."""
-        with self._lock:
-            out = dict.fromkeys((r.pid for r in self._roots), 0.0)
-            for root, cpu, _kernel in self._cpu.values():
-                out[root] += cpu
-            return out
+        return {root: usage.cpu_s for root, usage in self.usage_by_root().items()}
 
     def _run(self) -> None:
         while not self._stop.wait(_SAMPLE_INTERVAL_S):

@@ -63,6 +63,12 @@ class Throughput:
     ``ferryman-wrapper`` and ``ferryman-deduper``, each summed over its processes)."""
     kernel_cpu_s_per_m: float | None = None
     """The part of ``cpu_s_per_m`` spent in the kernel (system time)."""
+    kernel_cpu_s_by_program: Mapping[str, float] = field(default_factory=dict)
+    """The kernel's part of ``cpu_s_by_program``, program by program."""
+    minor_faults_by_program: Mapping[str, int] = field(default_factory=dict)
+    """Minor page faults of each program's processes: first touches of fresh pages,
+    each one zero-filled by the kernel (a deduper that touches more new memory
+    in one round than in another shows here and in its kernel time)."""
     broker_kernel_cpu_s_per_m: float | None = None
     """The part of ``broker_cpu_s_per_m`` spent in the kernel: a round that is slow for no
     reason of the row's own often shows here (page-cache work in the destination broker)."""

@@ -29,6 +29,15 @@ while time.process_time() < end:
 print("burnt", flush=True)
 sys.stdin.read()
 """
+#: Touches 128 MiB of fresh memory (32 768 pages, each a minor fault), then says so and waits for stdin to close.
+_TOUCHER = """
+import mmap, sys
+buf = mmap.mmap(-1, 128 << 20)
+for offset in range(0, len(buf), mmap.PAGESIZE):
+    buf[offset] = 1
+print("touched", flush=True)
+sys.stdin.read()
+"""
 #: Starts, says so, and waits for stdin to close.
 _IDLER = 'import sys; print("idle", flush=True); sys.stdin.read()'
 
@@ -85,3 +94,31 @@ def test_the_kernel_share_of_the_cpu_is_reported() -> None:
         proc.stdin.close()
         proc.wait(30)
     assert 0.15 <= kernel <= total  # reading /dev/zero is the kernel's work, the loop around it is not
+
+
+def test_minor_faults_and_the_kernel_part_are_reported_per_root() -> None:
+    toucher, idler = (
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for code in (_TOUCHER, _IDLER)
+    )
+    try:
+        sampler = TreeSampler([toucher.pid, idler.pid])
+        try:
+            assert toucher.stdout is not None and idler.stdout is not None
+            assert toucher.stdout.readline().strip() == "touched"
+            assert idler.stdout.readline().strip() == "idle"
+            sampler.sample()
+            usage = sampler.usage_by_root()
+            cpu = sampler.by_root()
+        finally:
+            sampler.stop()
+    finally:
+        for proc in (toucher, idler):
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(30)
+    assert usage[toucher.pid].minor_faults >= 32_768  # one per fresh page touched
+    assert usage[idler.pid].minor_faults < usage[toucher.pid].minor_faults - 20_000  # the interpreter's own start
+    assert all(0 <= u.kernel_s <= u.cpu_s for u in usage.values())
+    assert usage[toucher.pid].kernel_s > 0  # zero-filling 32 768 pages
+    assert {pid: u.cpu_s for pid, u in usage.items()} == cpu

@@ -14,6 +14,7 @@ import pytest
 from bench import replication
 from bench.latency import LatencyResult, percentile
 from bench.machine import ReclaimScheme
+from bench.measure import Usage
 from bench.report import FLOOR_ROW, footnotes, latency_table, rounds_table, write_json
 from bench.results import RowResult, Throughput
 
@@ -201,3 +202,10 @@ def test_the_runs_json_names_the_client_library_and_the_machines_reclaim() -> No
     assert machine["memory_reclaim"] == [
         {"action": "pageout", "min_idle_s": 60.0, "quota_bytes_per_s": 2**31, "filters": ["anon: excluded"]}
     ]
+
+
+def test_the_log_line_gives_each_programs_cpu_kernel_part_and_faults_per_million() -> None:
+    usage = {"ferryman-deduper": Usage(0.65, 0.1, 29_000), "ferryman-wrapper": Usage(0.5, 0.05, 20_500)}
+    assert replication._usage_per_million(usage, 500_000) == (
+        "ferryman-deduper 1.30 CPU s (kernel 0.20), 58 k faults; ferryman-wrapper 1.00 CPU s (kernel 0.10), 41 k faults"
+    )
