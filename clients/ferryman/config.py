@@ -78,9 +78,10 @@ class ClusterConfig(_Model, frozen=True):
 
     bootstrap_servers: str
     """Comma-separated host:port list (librdkafka ``bootstrap.servers``)."""
-    client_config: dict[str, str] = field(default_factory=dict)
+    client_config: dict[str, str | int | float | bool] = field(default_factory=dict)
     """Extra librdkafka properties for every client on this cluster
-    (security.protocol, sasl.*, ssl.*); secret values are masked when printed."""
+    (security.protocol, sasl.*, ssl.*); secret values are masked when printed.
+    Numbers and booleans are passed on as they are (``linger.ms: 5``), as librdkafka takes them."""
 
     def __repr__(self) -> str:
         masked = {

@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
+from ferryman.client_config import base_config
 from ferryman.config import (
     SEED_ENV,
     ClusterConfig,
@@ -239,12 +241,23 @@ def test_wrong_types_and_values_name_the_field(tmp_path: Path, addition: str, wh
 
 def test_a_bad_value_inside_a_mapping_names_the_mapping(tmp_path: Path) -> None:
     # msgspec does not say which key; the cluster alias is named (clusters are checked one by one).
-    message = _error(tmp_path, MINIMAL.replace('a: {bootstrap_servers: "h1:9092"}', "a: {client_config: {x: 1}}"))
-    assert "clusters.a.client_config[...]: Expected `str`, got `int`" in message
+    message = _error(tmp_path, MINIMAL.replace('a: {bootstrap_servers: "h1:9092"}', "a: {client_config: {x: [1]}}"))
+    assert "clusters.a.client_config[...]: Expected `bool | int | float | str`, got `array`" in message
     message = _error(tmp_path, MINIMAL.replace('b: {bootstrap_servers: "h2:9092"}', "b: {}"))
     assert "clusters.b.bootstrap_servers: field required" in message
     message = _error(tmp_path, MINIMAL.replace("target: b}", "target: b, naming: {rename: {x: 5}}}"))
     assert "flows.0.naming.rename[...]: Expected `str`, got `int`" in message
+
+
+def test_client_properties_may_be_numbers_and_booleans_as_librdkafka_takes_them(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        'a: {bootstrap_servers: "h1:9092"}',
+        'a: {bootstrap_servers: "h1:9092", client_config: {linger.ms: 5, enable.idempotence: true, client.rack: "7"}}',
+    )
+    cluster = load_config(_file(tmp_path, text), env={}).clusters["a"]
+    assert cluster.client_config == {"linger.ms": 5, "enable.idempotence": True, "client.rack": "7"}
+    assert base_config(cluster, "c")["linger.ms"] == 5
+    Producer(base_config(cluster, "c"))  # librdkafka accepts them as they are
 
 
 def test_strings_from_the_file_become_paths_and_secrets(tmp_path: Path) -> None:
