@@ -494,7 +494,7 @@ def _describe(exc: msgspec.ValidationError, at: tuple[str, ...]) -> str:
 def _decode_hook(kind: type, value: object) -> object:
     """The two field types msgspec does not build itself, from the strings YAML gives."""
     if kind not in (Path, SecretStr):
-        raise NotImplementedError(kind)  # no such field type in the models
+        raise TypeError(f"no conversion to {kind.__name__}")  # no field of the models has such a type
     if not isinstance(value, str):
         raise TypeError(f"Expected `str`, got `{type(value).__name__}`")  # msgspec adds the path
     return kind(value)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import re
+from decimal import Decimal
 from pathlib import Path
 
+import ferryman.config as config_module
 import pytest
 from confluent_kafka import Producer
 from ferryman.client_config import base_config
@@ -472,3 +474,8 @@ def test_no_flows_at_all_is_an_error_when_one_is_needed() -> None:
     cfg = FerrymanConfig(clusters={"a": ClusterConfig(bootstrap_servers="h")}, flows=[])
     with pytest.raises(ConfigError, match="none defined"):
         cfg.flow(None)
+
+
+def test_the_decode_hook_refuses_types_no_model_field_has() -> None:
+    with pytest.raises(TypeError, match="no conversion to Decimal"):
+        config_module._decode_hook(Decimal, "1.5")
