@@ -16,20 +16,17 @@ _SAMPLE_INTERVAL_S = 0.2
 class Usage(NamedTuple):
     """What a process, or a tree of them, has used so far."""
 
-    cpu_s: float
+    cpu_s: float = 0.0
     """User + system CPU seconds."""
-    kernel_s: float
+    kernel_s: float = 0.0
     """Of which system (kernel) time."""
-    minor_faults: int
+    minor_faults: int = 0
     """Minor page faults: every first touch of a fresh page is one, and the kernel
     zero-fills an anonymous page on it (``clear_page``)."""
 
     def plus(self, other: Usage) -> Usage:
         """The two usages together."""
         return Usage(self.cpu_s + other.cpu_s, self.kernel_s + other.kernel_s, self.minor_faults + other.minor_faults)
-
-
-_NO_USAGE = Usage(0.0, 0.0, 0)
 
 
 def _minor_faults(pid: int) -> int | None:
@@ -110,7 +107,7 @@ class TreeSampler:
     def usage_by_root(self) -> dict[int, Usage]:
         """What each root's tree used (root pid: usage) as of the last sample."""
         with self._lock:
-            out = dict.fromkeys((r.pid for r in self._roots), _NO_USAGE)
+            out = dict.fromkeys((r.pid for r in self._roots), Usage())
             for root, usage in self._usage.values():
                 out[root] = out[root].plus(usage)
             return out

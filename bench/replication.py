@@ -661,7 +661,7 @@ def _usage_by_program(sampler: TreeSampler, row: Row) -> dict[str, Usage]:
     out: dict[str, Usage] = {}
     for pid, usage in sampler.usage_by_root().items():
         name = programs.get(pid, str(pid))
-        out[name] = out.get(name, Usage(0.0, 0.0, 0)).plus(usage)
+        out[name] = out.get(name, Usage()).plus(usage)
     return out
 
 

@@ -438,12 +438,16 @@ def parse_config(data: Mapping[str, Any]) -> FerrymanConfig:
     Raises:
         ConfigError: naming the first offending field (``flows.0.staging_partitions: ...``).
     """
-    clusters = data.get("clusters")
-    if isinstance(clusters, Mapping):
-        # Checked one by one first: an error inside a mapping's value names the key.
-        for alias, cluster in clusters.items():
-            validated(ClusterConfig, cluster, at=("clusters", str(alias)))
-    return validated(FerrymanConfig, data)
+    try:
+        return validated(FerrymanConfig, data)
+    except ConfigError:
+        # msgspec does not say which key of a mapping held the bad value: if a
+        # cluster did, checking them one by one names its alias.
+        clusters = data.get("clusters")
+        if isinstance(clusters, Mapping):
+            for alias, cluster in clusters.items():
+                validated(ClusterConfig, cluster, at=("clusters", str(alias)))
+        raise
 
 
 def validated(kind: type[_M], data: object, *, at: tuple[str, ...] = ()) -> _M:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import threading
@@ -40,20 +41,21 @@ class SequenceProducer(threading.Thread):
         self.topics = topics
         self.per_partition = per_partition
         self.rate_per_s = rate_per_s
+        self.sent = 0
+        """Records handed to the producer so far (the stream's position)."""
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 10})
             started = time.monotonic()
-            sent = 0
             for i in range(self.per_partition):
                 for t in self.topics:
                     for part in range(PARTITIONS):
                         p.produce(t, value=f"{t}:{part}:{i}".encode(), key=f"k{i % 97}".encode(), partition=part)
-                        sent += 1
+                        self.sent += 1
                 # Pace the stream so the kills land mid-stream.
-                ahead = sent / self.rate_per_s - (time.monotonic() - started)
+                ahead = self.sent / self.rate_per_s - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)
                 p.poll(0)
@@ -110,8 +112,14 @@ def test_kill_9_wrapper_and_deduper_mid_stream(
         producer.start()
         kills = ["wrapper", "deduper"] * kills_each
         rng.shuffle(kills)
+
+        def reached(mark: int) -> bool:
+            return producer.sent >= mark or not producer.is_alive()
+
         for victim in kills:
-            time.sleep(rng.uniform(*gap_s))  # random moment mid-stream, by design
+            # A random moment mid-stream, by design: the stream's position a gap's worth of records on.
+            mark = producer.sent + int(rng.uniform(*gap_s) * producer.rate_per_s)
+            wait_until(functools.partial(reached, mark), 30, 0.02, message=f"record {mark} sent")
             assert producer.is_alive(), "the stream ended before every kill happened: slow the producer"
             proc = wrapper if victim == "wrapper" else deduper
             assert proc.alive, proc.output()[-3000:]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _build(config: FerrymanConfig, flow: FlowConfig, args: argparse.Namespace) -> Service:
-    from ferryman_deduper._deduper import Deduper  # noqa: PLC0415 (loaded by main(), see there)
+    from ferryman_deduper._deduper import Deduper  # noqa: PLC0415 (after gc.disable(), see main())
 
     return Deduper(config, flow, instance_id=args.instance_id, listen_address=args.listen)
 
@@ -35,12 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     The cyclic GC is off until the service has started (``tune_gc()`` freezes
     what start-up built and turns it back on): loading the modules is most of
     a service's start-up, and it creates objects, not garbage. So the service's
-    modules load here, after ``gc.disable()``, not at the top of this module.
+    modules load after ``gc.disable()`` (here and in ``_build``), not at the top
+    of this module.
     """
     gc.disable()
     from ferryman.service import main_for  # noqa: PLC0415
-
-    import ferryman_deduper._deduper  # noqa: F401, PLC0415
 
     return main_for(
         "ferryman-deduper",
