@@ -66,9 +66,11 @@ def tune_gc() -> None:
 
     No collection runs first: start-up leaves next to no cyclic garbage (under
     a thousand objects, measured), and a full collection of the start-up heap
-    cost ~16 ms of CPU. The services' entry points switch the GC off before
-    their modules load (``gc.disable()``), which saves another ~30 ms; this
-    turns it back on.
+    cost ~16 ms of CPU. The services' entry points (``cli.main``) switch the GC
+    off before their modules load, which saves another ~30 ms: loading them is
+    most of a service's start-up, and it creates objects, not garbage. Hence
+    those modules import the service in functions, not at the top. This turns
+    the GC back on.
     """
     gc.freeze()
     _gen0, gen1, gen2 = gc.get_threshold()

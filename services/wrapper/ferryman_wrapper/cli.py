@@ -26,14 +26,7 @@ def _add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script entry point.
-
-    The cyclic GC is off until the service has started (``tune_gc()`` freezes
-    what start-up built and turns it back on): loading the modules is most of
-    a service's start-up, and it creates objects, not garbage. So the service's
-    modules load after ``gc.disable()`` (here and in ``_build``), not at the top
-    of this module.
-    """
+    """Console script entry point; the service's modules load with the GC off (``ferryman.service.tune_gc``)."""
     gc.disable()
     from ferryman.service import main_for  # noqa: PLC0415
 
