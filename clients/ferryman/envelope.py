@@ -13,10 +13,11 @@ import itertools
 import operator
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import google_crc32c
 from google.protobuf.message import DecodeError
 
 from ferryman.errors import CorruptEnvelopeError, EnvelopeError
@@ -33,6 +34,18 @@ batchcodec = _batchcodec  # the public name (tests swap it for None to run the p
 
 #: Which codec this process runs, for the services' start-up log.
 CODEC = "compiled" if batchcodec is not None else "pure Python (the compiled fast path was not built)"
+
+#: CRC-32C of the records, hardware-accelerated (~20 GB/s here against zlib.crc32's
+#: ~3), or None where google-crc32c has only its pure-Python fallback (too slow for a
+#: data path): wrappers then write the legacy CRC-32 instead (see wrap_payload).
+crc32c: Callable[[bytes], int] | None = google_crc32c.value if google_crc32c.implementation == "c" else None
+
+#: Which checksum this process writes, for the services' start-up log.
+CHECKSUM = (
+    "CRC-32C"
+    if crc32c is not None
+    else "CRC-32 (google-crc32c has no C extension here: CRC-32C envelopes verify slowly)"
+)
 
 Record = envelope_pb2.Record
 SourcePartition = envelope_pb2.SourcePartition
@@ -369,17 +382,25 @@ def wrap_payload(
     wrapper_epoch: int,
     trace_context: dict[str, str] | None = None,
 ) -> bytes:
-    """Serialize an envelope around an already serialized RecordBatch of record_count records."""
+    """Serialize an envelope around an already serialized RecordBatch of record_count records.
+
+    The checksum is CRC-32C where it is hardware-accelerated, else the legacy CRC-32
+    (both verify in ``verify``); it is the one per-byte pass either service makes over
+    the records besides copying them.
+    """
     env = envelope_pb2.Envelope(
         source=source,
         previous_offset=previous_offset,
         records=payload,
-        records_crc32=zlib.crc32(payload),
         record_count=record_count,
         wrapper_id=wrapper_id,
         wrapper_epoch=wrapper_epoch,
         wrapped_at_ms=int(time.time() * 1000),
     )
+    if crc32c is not None:
+        env.records_crc32c = crc32c(payload)
+    else:
+        env.records_crc32 = zlib.crc32(payload)
     if trace_context:
         env.trace_context.update(trace_context)
     return env.SerializeToString()
@@ -402,6 +423,14 @@ def decode(data: bytes | None) -> DecodedEnvelope:
     return verify(env)
 
 
+def _checksum_matches(env: envelope_pb2.Envelope) -> bool:
+    """The records match the envelope's CRC-32C, or its legacy CRC-32 when it has none."""
+    if env.HasField("records_crc32c"):
+        compute: Callable[[bytes], int] = crc32c or google_crc32c.value
+        return compute(env.records) == env.records_crc32c
+    return zlib.crc32(env.records) == env.records_crc32
+
+
 def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
     """Verify the checksum of a parsed envelope and parse its records.
 
@@ -409,7 +438,7 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
         EnvelopeError: the envelope holds no records or they do not parse.
         CorruptEnvelopeError: the checksum does not match.
     """
-    if zlib.crc32(env.records) != env.records_crc32:
+    if not _checksum_matches(env):
         raise CorruptEnvelopeError(
             f"checksum mismatch in envelope for {env.source.topic}-{env.source.partition} "
             f"after offset {env.previous_offset}"

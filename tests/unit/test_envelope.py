@@ -12,6 +12,7 @@ import time
 import zlib
 from collections.abc import Sequence
 
+import google_crc32c
 import pytest
 from ferryman import envelope
 from ferryman.envelope import Headers, RecordRun
@@ -442,9 +443,54 @@ def test_flipped_bit_in_the_records_is_a_corrupt_envelope() -> None:
 
 def test_wrong_checksum_field_is_a_corrupt_envelope() -> None:
     env = envelope_pb2.Envelope.FromString(_encode([rec(1)]))
-    env.records_crc32 ^= 0x8000_0000
+    env.records_crc32c ^= 0x8000_0000
     with pytest.raises(CorruptEnvelopeError):
         envelope.decode(env.SerializeToString())
+
+
+def test_envelopes_carry_crc32c_of_their_records() -> None:
+    env = envelope_pb2.Envelope.FromString(_encode([rec(1), rec(2)]))
+    assert env.HasField("records_crc32c")
+    assert env.records_crc32c == google_crc32c.value(env.records)
+    assert env.records_crc32 == 0  # the legacy field is not written beside it
+    assert envelope.CHECKSUM == "CRC-32C"  # the wheel's C extension: the fast path runs here
+
+
+def _legacy(data: bytes) -> envelope_pb2.Envelope:
+    """An envelope as wrappers before records_crc32c wrote it: CRC-32 (IEEE) only."""
+    env = envelope_pb2.Envelope.FromString(data)
+    env.ClearField("records_crc32c")
+    env.records_crc32 = zlib.crc32(env.records)
+    return env
+
+
+def test_envelopes_with_the_legacy_crc32_still_verify() -> None:
+    # Staging written by older wrappers is read after an upgrade of the dedupers.
+    records = [rec(1, value=b"old"), rec(2, key=None)]
+    decoded = envelope.decode(_legacy(_encode(records)).SerializeToString())
+    assert Seen.of_run(decoded.run) == records
+
+
+def test_a_wrong_legacy_crc32_is_a_corrupt_envelope() -> None:
+    env = _legacy(_encode([rec(1)]))
+    env.records_crc32 ^= 1
+    with pytest.raises(CorruptEnvelopeError, match="checksum mismatch"):
+        envelope.decode(env.SerializeToString())
+
+
+def test_without_the_c_extension_wrappers_write_the_legacy_crc32(monkeypatch: pytest.MonkeyPatch) -> None:
+    # google-crc32c's pure-Python fallback is far too slow for the data path; zlib's CRC-32 is not.
+    monkeypatch.setattr(envelope, "crc32c", None)
+    data = _encode([rec(7, value=b"v7")])
+    env = envelope_pb2.Envelope.FromString(data)
+    assert not env.HasField("records_crc32c")
+    assert env.records_crc32 == zlib.crc32(env.records)
+    assert Seen.of_run(envelope.decode(data).run) == [rec(7, value=b"v7")]
+    # ... and envelopes that do carry CRC-32C still verify there, through the fallback.
+    monkeypatch.undo()
+    crc32c_data = _encode([rec(8)])
+    monkeypatch.setattr(envelope, "crc32c", None)
+    assert Seen.of_run(envelope.decode(crc32c_data).run) == [rec(8)]
 
 
 def test_corrupt_envelope_is_an_envelope_error() -> None:

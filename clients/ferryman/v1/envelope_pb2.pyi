@@ -344,6 +344,7 @@ class Envelope(_message.Message):
     WRAPPER_EPOCH_FIELD_NUMBER: _builtins.int
     WRAPPED_AT_MS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    RECORDS_CRC32C_FIELD_NUMBER: _builtins.int
     previous_offset: _builtins.int
     """Offset of the record delivered just before this run from the same source
     partition, or -1 when the run starts at the beginning of the partition.
@@ -351,7 +352,10 @@ class Envelope(_message.Message):
     records: _builtins.bytes
     """Serialized RecordBatch."""
     records_crc32: _builtins.int
-    """CRC-32 (IEEE, as zlib.crc32) of the records bytes."""
+    """Legacy checksum: CRC-32 (IEEE, as zlib.crc32) of the records bytes.
+    Readers verify it when records_crc32c is absent. Wrappers write it instead
+    of records_crc32c only where no hardware-accelerated CRC-32C is available.
+    """
     record_count: _builtins.int
     """Number of records in the batch (lets readers size work before parsing)."""
     wrapper_id: _builtins.str
@@ -363,6 +367,12 @@ class Envelope(_message.Message):
     """
     wrapped_at_ms: _builtins.int
     """Wall-clock time the wrapper built the envelope, milliseconds since epoch."""
+    records_crc32c: _builtins.int
+    """CRC-32C (Castagnoli, as Kafka's record batches use) of the records bytes;
+    when present, readers verify it and ignore records_crc32. Readers older
+    than this field verify records_crc32 only and reject such an envelope as
+    corrupt: upgrade dedupers before wrappers.
+    """
     @_builtins.property
     def source(self) -> Global___SourcePartition:
         """Where the records come from."""
@@ -385,11 +395,14 @@ class Envelope(_message.Message):
         wrapper_epoch: _builtins.int = ...,
         wrapped_at_ms: _builtins.int = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        records_crc32c: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "records_crc32c", b"records_crc32c", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["previous_offset", b"previous_offset", "record_count", b"record_count", "records", b"records", "records_crc32", b"records_crc32", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "previous_offset", b"previous_offset", "record_count", b"record_count", "records", b"records", "records_crc32", b"records_crc32", "records_crc32c", b"records_crc32c", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__records_crc32c: _TypeAlias = _typing.Literal["records_crc32c"]  # noqa: Y015
+    _WhichOneofArgType__records_crc32c: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__records_crc32c) -> _WhichOneofReturnType__records_crc32c | None: ...
 
 Global___Envelope: _TypeAlias = Envelope  # noqa: Y015

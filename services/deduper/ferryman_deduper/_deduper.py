@@ -311,12 +311,13 @@ class Deduper:
         self._init_transactions()
         self._consumer = self._make_consumer()
         _log.info(
-            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s",
+            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, checksum %s",
             self.instance_id,
             self._flow.name,
             self._names.staging_topic,
             f"transactional.id {self._transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
             envelope.CODEC,
+            envelope.CHECKSUM,
         )
         self._consumer.subscribe(
             [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost

@@ -221,12 +221,13 @@ class Wrapper:
         self._consumer = self._make_consumer()
         self._start_control()
         _log.info(
-            "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s",
+            "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s, checksum %s",
             self.wrapper_id,
             self._flow.name,
             self._cluster_id,
             self._names.staging_topic,
             envelope.CODEC,
+            envelope.CHECKSUM,
         )
         self._server.set_serving(_SERVICE_NAME, True)
         try:
