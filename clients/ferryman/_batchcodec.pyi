@@ -19,3 +19,9 @@ def decode_columns(
     ]
     | None
 ): ...
+
+#: Whether encode_messages and partition_chunks read Message fields directly (the layout check passed).
+DIRECT_MESSAGE_READS: bool
+
+def has_error_events(messages: list[Message]) -> bool: ...
+def partition_chunks(messages: list[Message]) -> list[tuple[str, int, int, int]] | None: ...

@@ -9,6 +9,10 @@ consumed messages writes the protobuf wire format straight into the output
 bytes, and one pass over those bytes makes the column lists the deduper
 produces from.
 
+It also splits the wrapper's consume() batches by partition and finds error
+events in them (``partition_chunks``, ``has_error_events``), reading each
+Message's fields directly where its layout allows (see "reading a Message").
+
 What it handles, and what it leaves: the shapes the wrapper writes.
 ``encode_messages`` returns None for keys, values or headers of other types
 than a consumed record's, and ``decode_columns`` returns None for anything but
@@ -29,13 +33,141 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 cdef object _offset = Message.offset
 cdef object _key = Message.key
 cdef object _value = Message.value
 cdef object _headers = Message.headers
 cdef object _timestamp = Message.timestamp
+
+# ------------------------------------------------------- reading a Message
+# Calling a consumed Message's accessors costs ~50-70 ns each (timestamp()
+# builds a tuple), four or five per record: most of encode_messages' time.
+# The fields they return sit in the Message object itself, so when its layout
+# is the one declared here the codec reads them directly, as the accessors do.
+# The layout is confluent-kafka's private struct, so it is checked at import
+# (_layout_matches: the type's size, then every field of probe messages against
+# the accessors); when anything differs, the accessors are called as before.
+cdef extern from *:
+    """
+    /* The Message object of confluent-kafka (struct Message in
+       src/confluent_kafka/src/confluent_kafka.h, unchanged from 2.10 to 2.16). */
+    typedef struct {
+        PyObject_HEAD
+        PyObject *topic;
+        PyObject *value;
+        PyObject *key;
+        PyObject *headers;
+        void *c_headers;
+        PyObject *error;
+        int32_t partition;
+        int64_t offset;
+        int32_t leader_epoch;
+        int64_t timestamp;
+        int tstype;
+        int64_t latency;
+        int16_t delivery_count;
+    } ferryman_KafkaMessage;
+    """
+    ctypedef struct KafkaMessage "ferryman_KafkaMessage":
+        PyObject* topic
+        PyObject* value
+        PyObject* key
+        PyObject* headers
+        void* c_headers
+        PyObject* error
+        int32_t partition
+        int64_t offset
+        int32_t leader_epoch
+        int64_t timestamp
+        int tstype
+
+
+cdef inline object _field(PyObject* p):
+    """A Message's object field as its accessor returns it (NULL is None)."""
+    return <object>p if p != NULL else None
+
+
+cdef bint _reads_match(object m):
+    """Whether reading m's fields directly gives what its accessors return."""
+    cdef KafkaMessage* c = <KafkaMessage*><PyObject*>m
+    topic, key, value, headers, error = _field(c.topic), _field(c.key), _field(c.value), _field(c.headers), _field(c.error)
+    stamp = (c.tstype, c.timestamp)
+    epoch = c.leader_epoch if c.leader_epoch >= 0 else None  # as leader_epoch() gives it
+    return (
+        topic is m.topic() and key is m.key() and value is m.value() and headers is m.headers()
+        and error is m.error() and c.partition == m.partition() and c.offset == m.offset()
+        and epoch == m.leader_epoch() and stamp == m.timestamp()
+    )
+
+
+cdef bint _layout_matches():
+    """Whether this confluent-kafka's Message has the layout declared above."""
+    if Message.__basicsize__ != sizeof(KafkaMessage):
+        return False
+    probes = [
+        Message(topic="ferryman-layout-probe", partition=7, offset=1234567890123, key=b"key", value=None,
+                headers=[("h", b"v"), ("n", None)], timestamp=(2, 1700000000123), leader_epoch=5),
+        Message(topic="t", partition=0, offset=0, key=None, value=b"value", timestamp=(1, -5), leader_epoch=0),
+        Message(topic="t", partition=3, offset=42, error=KafkaError(KafkaError._PARTITION_EOF), timestamp=(0, 0)),
+    ]
+    return all(_reads_match(m) for m in probes)
+
+
+cdef bint _direct = _layout_matches()
+#: Whether encode_messages reads Message fields directly (else through the accessors).
+DIRECT_MESSAGE_READS = _direct
+
+
+cdef inline bint _readable(object m):
+    return _direct and type(m) is Message
+
+
+cdef inline int64_t _offset_of(object m) except? -1:
+    if _readable(m) and (<KafkaMessage*><PyObject*>m).offset >= 0:
+        return (<KafkaMessage*><PyObject*>m).offset
+    return _offset(m)
+
+
+def has_error_events(list messages):
+    """Whether any of the consumed messages is an error event (``error()`` is not None)."""
+    cdef Py_ssize_t i
+    for i in range(PyList_GET_SIZE(messages)):
+        m = <object>PyList_GET_ITEM(messages, i)
+        if (<KafkaMessage*><PyObject*>m).error != NULL if _readable(m) else m.error() is not None:
+            return True
+    return False
+
+
+def partition_chunks(list messages):
+    """The runs of consecutive messages from one topic partition, as (topic, partition, lo, hi), or None.
+
+    librdkafka hands out each partition's messages in contiguous chunks, so a
+    consume() batch holds a few. None: a message that is an error event or
+    that cannot be read directly (see _layout_matches), left to the caller's
+    accessor path.
+    """
+    cdef Py_ssize_t i, lo = 0, n = PyList_GET_SIZE(messages)
+    cdef KafkaMessage* c
+    cdef int32_t partition = 0
+    cdef object topic = None
+    cdef list chunks = []
+    for i in range(n):
+        m = <object>PyList_GET_ITEM(messages, i)
+        if not _readable(m):
+            return None
+        c = <KafkaMessage*><PyObject*>m
+        if c.error != NULL or c.topic == NULL or c.partition < 0:
+            return None
+        if i == 0:
+            topic, partition = <object>c.topic, c.partition
+        elif c.partition != partition or (c.topic != <PyObject*>topic and <object>c.topic != topic):
+            chunks.append((topic, partition, lo, i))
+            topic, partition, lo = <object>c.topic, c.partition, i
+    if n:
+        chunks.append((topic, partition, lo, n))
+    return chunks
 
 # RecordBatch field tags (field number << 3 | wire type).
 cdef enum:
@@ -212,12 +344,13 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
     cdef Py_ssize_t header_count = 0, rh
     cdef list with_headers = []  # (index, headers, body size) of the records that have any
     cdef int64_t code
+    cdef KafkaMessage* c
     cdef bytes out
     cdef unsigned char* p
     if n <= 0 or lo < 0 or hi > PyList_GET_SIZE(messages):
         raise ValueError(f"bad slice [{lo}:{hi}] of {PyList_GET_SIZE(messages)} messages")
-    first = _offset(<object>PyList_GET_ITEM(messages, lo))
-    last = _offset(<object>PyList_GET_ITEM(messages, hi - 1))
+    first = _offset_of(<object>PyList_GET_ITEM(messages, lo))
+    last = _offset_of(<object>PyList_GET_ITEM(messages, hi - 1))
     consecutive = last - first == n - 1
     keys = PyList_New(n)
     values = PyList_New(n)
@@ -229,7 +362,26 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
     try:
         for i in range(n):
             m = <object>PyList_GET_ITEM(messages, lo + i)
-            hs = _headers(m)
+            if _readable(m):
+                c = <KafkaMessage*><PyObject*>m
+                # Headers not yet made Python objects (c_headers) are left to the accessor, which converts them.
+                hs = _field(c.headers) if c.c_headers == NULL else _headers(m)
+                k = _field(c.key)
+                v = _field(c.value)
+                code = c.tstype
+                stamps[i] = c.timestamp
+                if not consecutive:
+                    offsets[i] = _offset_of(m)
+            else:
+                hs = _headers(m)
+                k = _key(m)
+                v = _value(m)
+                stamp = _timestamp(m)
+                code = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 0))
+                stamps[i] = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 1))
+                if not consecutive:
+                    offsets[i] = _offset(m)
+            types[i] = code + TYPE_SHIFT if 0 <= code < KNOWN_TYPE_CODES else 0
             if hs:  # None and [] both mean no headers, as in the pure-Python path
                 if type(hs) is not list:
                     return None
@@ -238,20 +390,12 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
                     return None
                 with_headers.append((i, hs, rh))
                 header_count += len(<list>hs)
-            k = _key(m)
-            v = _value(m)
             if (k is not None and type(k) is not bytes) or (v is not None and type(v) is not bytes):
                 return None  # not a consumed record's key or value: the library decides
             Py_INCREF(k)
             PyList_SET_ITEM(keys, i, k)
             Py_INCREF(v)
             PyList_SET_ITEM(values, i, v)
-            stamp = _timestamp(m)
-            code = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 0))
-            types[i] = code + TYPE_SHIFT if 0 <= code < KNOWN_TYPE_CODES else 0
-            stamps[i] = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(stamp, 1))
-            if not consecutive:
-                offsets[i] = _offset(m)
         n_types = 1
         for i in range(1, n):
             if types[i] != types[0]:

@@ -12,7 +12,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from ferryman import _batchcodec, envelope
 from ferryman.envelope import RecordRun
 from ferryman.errors import EnvelopeError
@@ -35,6 +35,68 @@ def test_the_services_run_the_compiled_codec() -> None:
     """The build compiled it: a silent fall-back to the pure-Python path would cost ~0.2 us per record."""
     assert envelope.batchcodec is _batchcodec
     assert envelope.CODEC == "compiled"
+
+
+def test_this_confluent_kafka_messages_are_read_directly() -> None:
+    """The import-time layout check passed for the pinned confluent-kafka: a silent fall-back to the
+    accessors would cost ~0.3 us per record. If an upgrade fails this, compare the Message struct in
+    its src/confluent_kafka/src/confluent_kafka.h with the one _batchcodec.pyx declares."""
+    assert _batchcodec.DIRECT_MESSAGE_READS
+
+
+class _SubclassedMessage(Message):
+    """Not exactly a Message: the codec may not assume its layout, so it calls the accessors."""
+
+
+def _subclassed(msgs: list[Message]) -> list[Message]:
+    return [
+        _SubclassedMessage(
+            topic=m.topic(),
+            partition=m.partition(),
+            offset=m.offset(),
+            key=m.key(),
+            value=m.value(),
+            headers=m.headers(),
+            timestamp=m.timestamp(),
+        )
+        for m in msgs
+    ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_direct_reads_encode_exactly_as_the_accessors(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 40)
+    msgs = as_messages(random_messages(rng, sparse_offsets(rng, n) if seed % 2 else range(1000, 1000 + n)))
+    assert _batchcodec.encode_messages(msgs, 0, len(msgs)) == _batchcodec.encode_messages(
+        _subclassed(msgs), 0, len(msgs)
+    )
+
+
+def test_direct_reads_of_mixed_messages_encode_exactly_as_the_accessors() -> None:
+    msgs = as_messages([FakeMessage(o, headers_=[("h", b"%d" % o)] if o % 3 else None) for o in range(10)])
+    mixed = [m if i % 2 else _subclassed([m])[0] for i, m in enumerate(msgs)]
+    assert _batchcodec.encode_messages(mixed, 0, 10) == _batchcodec.encode_messages(msgs, 0, 10)
+
+
+def test_partition_chunks_are_the_runs_of_one_topic_partition() -> None:
+    msgs = [
+        Message(topic=topic, partition=partition, offset=offset, value=b"v", timestamp=(1, 0))
+        for topic, partition, offset in [("a", 0, 5), ("a", 0, 6), ("a", 1, 0), ("b", 1, 0), ("b", 1, 1), ("a", 0, 7)]
+    ]
+    assert _batchcodec.partition_chunks(msgs) == [("a", 0, 0, 2), ("a", 1, 2, 3), ("b", 1, 3, 5), ("a", 0, 5, 6)]
+    assert _batchcodec.partition_chunks([]) == []
+
+
+def test_partition_chunks_leave_error_events_and_other_types_to_the_accessors() -> None:
+    msgs = [Message(topic="a", partition=0, offset=o, value=b"v", timestamp=(1, 0)) for o in range(3)]
+    assert not _batchcodec.has_error_events(msgs)
+    assert _batchcodec.partition_chunks(_subclassed(msgs)) is None
+    msgs[1].set_error(KafkaError(KafkaError._PARTITION_EOF))
+    assert _batchcodec.has_error_events(msgs)
+    event = _SubclassedMessage(topic="a", partition=0, error=KafkaError(KafkaError._PARTITION_EOF))
+    assert _batchcodec.has_error_events([*_subclassed(msgs[:1]), event])  # read through error()
+    assert _batchcodec.partition_chunks(msgs) is None
 
 
 def _python_payload(msgs: list[FakeMessage]) -> bytes:

@@ -37,39 +37,60 @@ _error: Any = Message.error
 
 def has_errors(messages: Sequence[Message]) -> bool:
     """Whether any of the consumed messages is an error event (checked in C)."""
+    codec = envelope.batchcodec
+    if codec is not None and isinstance(messages, list):
+        return codec.has_error_events(messages)
     return any(map(_error, messages))
 
 
 def partition_runs(messages: Sequence[Message]) -> dict[tuple[str, int], list[Message]]:
     """Group a consume() batch by (topic, partition), keeping each partition's order.
 
-    librdkafka hands out each partition's messages in contiguous chunks, so
-    ``itertools.groupby`` on the partition number (a C accessor as the key,
-    no Python code per record) finds the few chunks; each chunk's topic column
-    is then checked in C and split further only when two topics' chunks with
-    the same partition number touch. The messages must be records, not error
-    events.
+    The messages must be records, not error events. Two topics' chunks with
+    the same partition number may touch, and one partition's records may come
+    in several chunks: each chunk must continue its partition's offsets.
     """
     runs: dict[tuple[str, int], list[Message]] = {}
+    for topic, partition, piece in _chunks(messages):
+        run = runs.get((topic, partition))
+        if run is None:
+            runs[(topic, partition)] = piece
+        elif _offset(piece[0]) > _offset(run[-1]):
+            run.extend(piece)
+        else:
+            raise FerrymanError(
+                f"consumed records of {topic}-{partition} out of offset order: {_offset(piece[0])} "
+                f"after {_offset(run[-1])}"
+            )
+    return runs
+
+
+def _chunks(messages: Sequence[Message]) -> Iterator[tuple[str, int, list[Message]]]:
+    """The runs of consecutive messages from one topic partition.
+
+    librdkafka hands out each partition's messages in contiguous chunks, so a
+    batch holds a few. The compiled codec finds them in one pass over the
+    messages' fields; otherwise ``itertools.groupby`` on the partition number
+    (a C accessor as the key, no Python code per record) finds them, and each
+    chunk's topic column is checked in C and split further only when two
+    topics' chunks with the same partition number touch.
+    """
+    codec = envelope.batchcodec
+    if codec is not None and isinstance(messages, list):
+        found = codec.partition_chunks(messages)
+        if found is not None:
+            for topic, partition, lo, hi in found:
+                yield topic, partition, messages[lo:hi]
+            return
     for partition, group in groupby(messages, _partition):
         chunk = list(group)
         topics: list[str] = list(map(_topic, chunk))
         first = topics[0]
-        pieces = (
-            [(first, chunk)] if topics.count(first) == len(chunk) else [(t, list(g)) for t, g in groupby(chunk, _topic)]
-        )
-        for topic, piece in pieces:
-            run = runs.get((topic, partition))
-            if run is None:
-                runs[(topic, partition)] = piece
-            elif _offset(piece[0]) > _offset(run[-1]):
-                run.extend(piece)
-            else:
-                raise FerrymanError(
-                    f"consumed records of {topic}-{partition} out of offset order: {_offset(piece[0])} "
-                    f"after {_offset(run[-1])}"
-                )
-    return runs
+        if topics.count(first) == len(chunk):
+            yield first, partition, chunk
+        else:
+            for t, g in groupby(chunk, _topic):
+                yield t, partition, list(g)
 
 
 @dataclass(frozen=True)
