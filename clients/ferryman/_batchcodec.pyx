@@ -124,6 +124,11 @@ cdef inline bint _readable(object m):
     return _direct and type(m) is Message
 
 
+cdef inline bint _is_error_event(KafkaMessage* c) noexcept:
+    """What ``error() is not None`` says: consumed records hold None there, constructed ones NULL."""
+    return c.error != NULL and c.error != <PyObject*>None
+
+
 cdef inline int64_t _offset_of(object m) except? -1:
     if _readable(m) and (<KafkaMessage*><PyObject*>m).offset >= 0:
         return (<KafkaMessage*><PyObject*>m).offset
@@ -135,7 +140,7 @@ def has_error_events(list messages):
     cdef Py_ssize_t i
     for i in range(PyList_GET_SIZE(messages)):
         m = <object>PyList_GET_ITEM(messages, i)
-        if (<KafkaMessage*><PyObject*>m).error != NULL if _readable(m) else m.error() is not None:
+        if _is_error_event(<KafkaMessage*><PyObject*>m) if _readable(m) else m.error() is not None:
             return True
     return False
 
@@ -158,7 +163,7 @@ def partition_chunks(list messages):
         if not _readable(m):
             return None
         c = <KafkaMessage*><PyObject*>m
-        if c.error != NULL or c.topic == NULL or c.partition < 0:
+        if _is_error_event(c) or c.topic == NULL or c.partition < 0:
             return None
         if i == 0:
             topic, partition = <object>c.topic, c.partition
