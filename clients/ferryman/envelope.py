@@ -33,7 +33,13 @@ except ImportError:
 batchcodec = _batchcodec  # the public name (tests swap it for None to run the pure-Python path)
 
 #: Which codec this process runs, for the services' start-up log.
-CODEC = "compiled" if batchcodec is not None else "pure Python (the compiled fast path was not built)"
+CODEC = (
+    "pure Python (the compiled fast path was not built)"
+    if batchcodec is None
+    else "compiled"
+    if batchcodec.DIRECT_MESSAGE_READS
+    else "compiled, through Message accessors (this confluent-kafka's Message layout is not the one checked)"
+)
 
 #: CRC-32C of the records, hardware-accelerated (~20 GB/s here against zlib.crc32's
 #: ~3), or None where google-crc32c has only its pure-Python fallback (too slow for a
