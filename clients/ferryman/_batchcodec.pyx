@@ -118,10 +118,12 @@ cdef bint _layout_matches():
 cdef bint _direct = _layout_matches()
 #: Whether encode_messages reads Message fields directly (else through the accessors).
 DIRECT_MESSAGE_READS = _direct
+# The class as a C-level reference: _readable runs per record, and a module global is a dict lookup.
+cdef object _Message = Message
 
 
 cdef inline bint _readable(object m):
-    return _direct and type(m) is Message
+    return _direct and type(m) is _Message
 
 
 cdef inline bint _is_error_event(KafkaMessage* c) noexcept:
@@ -376,7 +378,7 @@ def encode_messages(list messages, Py_ssize_t lo, Py_ssize_t hi):
                 code = c.tstype
                 stamps[i] = c.timestamp
                 if not consecutive:
-                    offsets[i] = _offset_of(m)
+                    offsets[i] = c.offset if c.offset >= 0 else _offset(m)  # _offset_of, m known readable
             else:
                 hs = _headers(m)
                 k = _key(m)
