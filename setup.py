@@ -1,10 +1,16 @@
-"""The one build step pyproject.toml cannot declare stably: the envelope codec's compiled fast path.
+"""The one build step pyproject.toml cannot declare stably: the compiled fast paths.
 
-Optional: without a C compiler the install still succeeds and ``ferryman.envelope``
-uses its pure-Python path (the services log which one they run). Everything else
-about the package is in pyproject.toml.
+Optional: without a C compiler the install still succeeds; ``ferryman.envelope``
+uses its pure-Python codec and the deduper calls ``produce()`` per record (the
+services log which paths they run). Everything else about the package is in
+pyproject.toml.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ferryman._batchcodec", ["clients/ferryman/_batchcodec.pyx"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("ferryman._batchcodec", ["clients/ferryman/_batchcodec.pyx"], optional=True),
+        Extension("ferryman._rdproduce", ["clients/ferryman/_rdproduce.pyx"], optional=True),
+    ]
+)

@@ -24,14 +24,11 @@ transactional.id stops this process.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
-import operator
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +42,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from ferryman import envelope, topics
+from ferryman import envelope, rowproduce, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, KafkaOperationError
@@ -84,10 +81,6 @@ class _Slice:
     source_offsets: Sequence[int]
     first_destination_offset: int = -1
     last_destination_offset: int = -1
-
-
-#: An endless column of None: the callback and on_delivery slots of the hot loop's produce() calls.
-_NONES = itertools.repeat(None)
 
 
 @dataclass
@@ -155,6 +148,8 @@ class Deduper:
         self._txn_started = 0.0
         self._txn_records = 0
         self._delivery_error: KafkaError | None = None
+        #: Whether rows go to librdkafka directly (rowproduce.adopts) for the current producer.
+        self._direct = False
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
         self._fatal: BaseException | None = None
@@ -307,17 +302,18 @@ class Deduper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._producer = self._make_producer()
+        self._direct = rowproduce.adopts(self._producer, self._client_id("producer"))
         self._destinations.producer = self._producer
         self._init_transactions()
         self._consumer = self._make_consumer()
         _log.info(
-            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, checksum %s",
+            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, produce path %s",
             self.instance_id,
             self._flow.name,
             self._names.staging_topic,
             f"transactional.id {self._transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
             envelope.CODEC,
-            envelope.CHECKSUM,
+            rowproduce.describe(self._direct),
         )
         self._consumer.subscribe(
             [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -660,75 +656,24 @@ class Deduper:
         columns: list[Sequence[Any]] = [run.values, run.keys, run.timestamps_ms]
         if headers is not None:
             columns.append(headers)
-        cursors = [iter(c) for c in columns]
-        if start:
-            for cursor in cursors:
-                next(itertools.islice(cursor, start, start), None)  # skip the records at or below the watermark
         if not self._flow.emit_offset_mappings:
-            self._produce_rows(dest, partition, columns, cursors, count)
+            rowproduce.produce_run(self._producer, dest, partition, columns, start=start, n=count, direct=self._direct)
         else:
             # Only the first and last record of a run carry a delivery callback:
             # the offset map needs just those two destination offsets.
             slc = _Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
             self._slices.append(slc)
-            first = tuple(next(c) for c in cursors)
-            self._produce_row(dest, partition, first, self._slice_callback(slc, first=True, last=count == 1))
+            last = start + count - 1
+            first_cb = self._slice_callback(slc, first=True, last=count == 1)
+            rowproduce.produce_row(self._producer, dest, partition, tuple(c[start] for c in columns), first_cb)
             if count > 1:
-                self._produce_rows(dest, partition, columns, cursors, count - 2)
-                last = tuple(next(c) for c in cursors)
-                self._produce_row(dest, partition, last, self._slice_callback(slc, first=False, last=True))
+                rowproduce.produce_run(
+                    self._producer, dest, partition, columns, start=start + 1, n=count - 2, direct=self._direct
+                )
+                last_cb = self._slice_callback(slc, first=False, last=True)
+                rowproduce.produce_row(self._producer, dest, partition, tuple(c[last] for c in columns), last_cb)
         self._txn_records += count
         self.stats.records_written += count
-
-    def _produce_rows(
-        self, dest: str, partition: int, columns: list[Sequence[Any]], cursors: list[Iterator[Any]], n: int
-    ) -> None:
-        """The hot loop: the next n rows of the columns, produced with no delivery callback, all in C.
-
-        ``starmap`` feeds ``produce()`` its positional arguments (topic, value,
-        key, partition, callback, on_delivery, timestamp[, headers]) zipped from
-        the columns' cursors, and a zero-length deque drains it: no bytecode
-        runs per record (~15% of the produce loop's cost, measured). A row
-        refused because librdkafka's queue is full is found from how far the
-        value column's cursor got; it is produced once there is room, and the
-        rest resume after it.
-        """
-        produce: Any = self._producer.produce
-        values, keys, *rest = cursors
-        while n > 0:
-            left = operator.length_hint(values)
-            rows = zip(itertools.repeat(dest), values, keys, itertools.repeat(partition), _NONES, _NONES, *rest)
-            try:
-                collections.deque(itertools.starmap(produce, itertools.islice(rows, n)), maxlen=0)
-                return
-            except BufferError:
-                taken = left - operator.length_hint(values)  # rows pulled; the last one was refused
-                i = len(columns[0]) - operator.length_hint(values) - 1
-                row = tuple(c[i] for c in columns)
-                self._produce_when_room((dest, row[0], row[1], partition, None, None, *row[2:]))
-                n -= taken
-
-    def _produce_row(self, dest: str, partition: int, row: tuple[Any, ...], callback: Any) -> None:
-        """One record with a delivery callback.
-
-        The callback goes in the ``callback`` slot: a positional on_delivery is
-        ignored when callback is None.
-        """
-        args = (dest, row[0], row[1], partition, callback, None, *row[2:])
-        try:
-            self._producer.produce(*args)
-        except BufferError:
-            self._produce_when_room(args)
-
-    def _produce_when_room(self, args: tuple[Any, ...]) -> None:
-        """Retry a produce() refused because the local queue is full, serving deliveries meanwhile."""
-        while True:
-            self._producer.poll(0.05)
-            try:
-                self._producer.produce(*args)
-                return
-            except BufferError:
-                continue
 
     def _slice_callback(self, slc: _Slice, *, first: bool, last: bool) -> Any:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -938,6 +883,7 @@ class Deduper:
         old.purge()
         self._producer_fatal = None
         self._producer = self._make_producer()
+        self._direct = rowproduce.adopts(self._producer, self._client_id("producer"))
         self._destinations.producer = self._producer
         self._init_transactions()
 
