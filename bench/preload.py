@@ -37,7 +37,7 @@ def _write_partitions(
     load = LoadProducer(
         bootstrap,
         # Big batches: the preload is not timed per record, only its total matters.
-        **{"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000},
+        {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000},
     )
     pad = padding(value_bytes)
     written = 0

@@ -269,6 +269,11 @@ class DeduperConfig(_Model, frozen=True):
     the source) is compressed by the broker either way."""
     max_message_bytes: Annotated[int, Meta(ge=1024 * 1024)] = 8 * 1024 * 1024
     """Producer ``message.max.bytes``; the destination topic's own limit still applies."""
+    direct_produce: bool = True
+    """Hand destination records to librdkafka without a ``produce()`` call each
+    (``ferryman.rowproduce``; the same records, about half the deduper's CPU per
+    record) where this build and this confluent-kafka allow it; ``false``: call
+    ``produce()`` per record. The deduper logs which path it runs."""
     listen_address: str = "[::]:7460"
     """gRPC listen address of the deduper (control service, health, reflection, status)."""
     watermark_interval_s: Annotated[float, Meta(gt=0)] = 1.0

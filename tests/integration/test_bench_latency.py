@@ -20,11 +20,12 @@ _PARTITIONS = 2
 _BUDGET_S = 30.0
 
 
-def _appended_topic(cluster: KafkaCluster, name: str, records: int) -> list[int]:
+def _appended_topic(cluster: KafkaCluster, name: str, records: int, *, direct: bool = False) -> list[int]:
     """A LogAppendTime topic holding ``records`` bench records; returns the counts per partition."""
     create_topic(cluster.bootstrap_servers, name, _PARTITIONS, SOURCE_TOPIC_CONFIG)
     counts = split_counts(records, _PARTITIONS)
-    load = LoadProducer(cluster.bootstrap_servers)
+    load = LoadProducer(cluster.bootstrap_servers, direct=direct)
+    assert load.direct is direct
     for p, n in enumerate(counts):
         assert load.produce_run(name, p, range(n), padding(100)) == n
     load.finish(_BUDGET_S)
@@ -38,12 +39,13 @@ def _watch(cluster: KafkaCluster, topic: str, counts: list[int], latency: int) -
     return watcher
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["produce-calls", "direct"])
 def test_latencies_are_taken_from_the_append_time_the_records_carry(
-    source_cluster: KafkaCluster, unique_name: Callable[[str], str]
+    source_cluster: KafkaCluster, unique_name: Callable[[str], str], direct: bool
 ) -> None:
     topic = unique_name("appended")
     before_ms = time.time() * 1000
-    counts = _appended_topic(source_cluster, topic, 50)
+    counts = _appended_topic(source_cluster, topic, 50, direct=direct)
     watcher = _watch(source_cluster, topic, counts, TIMESTAMP_LOG_APPEND_TIME)
     assert watcher.error is None
     assert watcher.tally.complete

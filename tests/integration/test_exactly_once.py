@@ -81,6 +81,7 @@ def test_exact_copy_of_every_record_shape(
             assert_exact_copy(src, dst)
         assert f.wrapper.terminate() == 0
         assert f.deduper.terminate() == 0
+    assert "produce path direct to librdkafka" in f.deduper.output()
 
     # Destination topics: same partition count, replicated configs minus the excluded ones.
     admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
@@ -90,6 +91,30 @@ def test_exact_copy_of_every_record_shape(
     assert len(md.topics[f"src.{topics[0]}"].partitions) == PARTITIONS
     assert configs["retention.ms"].value == "86400000"
     assert configs["message.timestamp.type"].source != 1  # not copied: a DYNAMIC_TOPIC_CONFIG would be 1
+
+
+def test_exact_copy_through_produce_calls_when_direct_produce_is_off(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The deduper's fallback path (``produce()`` per record) copies every shape as exactly as the direct one."""
+    topic = unique_name("mixed-calls")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS, {"message.timestamp.type": "CreateTime"})
+    _produce_mixed(source_cluster.bootstrap_servers, topic, 600)
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        deduper={"direct_produce": False},
+    ) as f:
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        dst = read_all(
+            destination_cluster.bootstrap_servers, f"src.{topic}", expected=sum(map(len, src.values())), timeout_s=120
+        )
+        assert_exact_copy(src, dst)
+        assert f.deduper.terminate() == 0
+    assert "produce path produce() per record (direct_produce: false)" in f.deduper.output()
 
 
 def test_aborted_source_transactions_are_never_replicated(

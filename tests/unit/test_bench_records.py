@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from confluent_kafka import KafkaError, Message
 
 from bench.loader import LoadProducer
@@ -24,10 +25,14 @@ def test_a_percent_sign_in_the_padding_is_copied_not_formatted() -> None:
     assert make_value(1, 2, b":%d%%") == b"0001000000000002:%d%%"
 
 
-def test_a_full_queue_stops_the_run_at_the_first_refused_record() -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["produce-calls", "direct"])
+def test_a_full_queue_stops_the_run_at_the_first_refused_record(direct: bool) -> None:
     # No broker at this address: librdkafka only queues, so its 5-message queue fills exactly.
     quiet = {"log_level": 0}  # its connection attempts fail until the process exits; nothing to report
-    load = LoadProducer("127.0.0.1:1", **{"queue.buffering.max.messages": 5, "enable.idempotence": False, **quiet})
+    load = LoadProducer(
+        "127.0.0.1:1", {"queue.buffering.max.messages": 5, "enable.idempotence": False, **quiet}, direct=direct
+    )
+    assert load.direct is direct  # the direct path is built and adopts the load's producer
     try:
         assert load.produce_run("t", 0, range(10, 13), padding(20)) == 3
         assert load.produce_run("t", 0, range(13, 20), padding(20)) == 2

@@ -148,7 +148,7 @@ class Deduper:
         self._txn_started = 0.0
         self._txn_records = 0
         self._delivery_error: KafkaError | None = None
-        #: Whether rows go to librdkafka directly (rowproduce.adopts) for the current producer.
+        #: Whether rows go to librdkafka directly (rowproduce.adopts) for the current producer (_make_producer).
         self._direct = False
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
@@ -185,7 +185,10 @@ class Deduper:
         if self._eos:
             conf["transactional.id"] = self._transactional_id
             conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
-        return connected_producer(conf, self._names.staging_topic)
+        producer = connected_producer(conf, self._names.staging_topic)
+        # The client.id a cluster's client_config may have set is the one librdkafka names the handle after.
+        self._direct = self._dc.direct_produce and rowproduce.adopts(producer, str(conf["client.id"]))
+        return producer
 
     def _on_producer_error(self, err: KafkaError) -> None:
         # A fatal error makes later calls fail with a generic _FATAL code; keep
@@ -302,7 +305,6 @@ class Deduper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._producer = self._make_producer()
-        self._direct = rowproduce.adopts(self._producer, self._client_id("producer"))
         self._destinations.producer = self._producer
         self._init_transactions()
         self._consumer = self._make_consumer()
@@ -313,7 +315,9 @@ class Deduper:
             self._names.staging_topic,
             f"transactional.id {self._transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
             envelope.CODEC,
-            rowproduce.describe(self._direct),
+            rowproduce.describe(self._direct)
+            if self._dc.direct_produce
+            else "produce() per record (direct_produce: false)",
         )
         self._consumer.subscribe(
             [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -883,7 +887,6 @@ class Deduper:
         old.purge()
         self._producer_fatal = None
         self._producer = self._make_producer()
-        self._direct = rowproduce.adopts(self._producer, self._client_id("producer"))
         self._destinations.producer = self._producer
         self._init_transactions()
 
