@@ -58,6 +58,16 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
     return n
 
 
+def _set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin.incremental_alter_configs([res])[res].result(30)
+
+
 def test_exact_copy_of_every_record_shape(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -182,15 +192,7 @@ def test_compacted_source_with_offset_gaps(
 
     wait_until(compacted, timeout_s=120, interval_s=1.0, message="source topic was never compacted")
     # Freeze the source: no further cleaning while we replicate and compare.
-    admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
-    res = ConfigResource(
-        ResourceType.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry("min.compaction.lag.ms", "86400000", incremental_operation=AlterConfigOpType.SET)
-        ],
-    )
-    admin.incremental_alter_configs([res])[res].result(30)
+    _set_topic_config(source_cluster.bootstrap_servers, topic, "min.compaction.lag.ms", "86400000")
     # A cleaning pass already under way still removes records (an overwritten "roll", say) after the
     # config change: take the source as it is once two reads a second apart agree.
     reads = [read_all(source_cluster.bootstrap_servers, topic)]
@@ -238,3 +240,46 @@ def test_the_wrapper_commits_its_source_positions_while_it_runs(
             assert f.wrapper.alive and f.deduper.alive
         finally:
             group.close()
+
+
+def test_at_least_once_holds_at_a_record_the_destination_refuses_until_it_is_taken(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """exactly_once: false has no transaction to fail: a failed delivery must still stop the commit.
+
+    The destination topic refuses a record larger than its ``max.message.bytes``.
+    The deduper must not commit the staging offsets past it (it rewinds and tries
+    again) and must deliver it once the topic takes it: at least once, nothing lost.
+    """
+    topic = unique_name("alo")
+    create_topic(source_cluster.bootstrap_servers, topic, 1, {"message.timestamp.type": "CreateTime"})
+    dest_topic = f"src.{topic}"
+    create_topic(destination_cluster.bootstrap_servers, dest_topic, 1, {"max.message.bytes": "20000"})
+    big = b"B" * 50_000
+    values = [b"small-%d" % i for i in range(30)] + [big] + [b"small-%d" % i for i in range(30, 60)]
+    producer = Producer({"bootstrap.servers": source_cluster.bootstrap_servers, "enable.idempotence": True})
+    for v in values:
+        producer.produce(topic, value=v, partition=0)
+    assert producer.flush(30) == 0
+
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        # No offset map: its first- and last-record callbacks would report the failure by themselves.
+        extra_flow={"exactly_once": False, "emit_offset_mappings": False},
+    ) as f:
+        f.deduper.wait_for_log("MSG_SIZE_TOO_LARGE", timeout_s=90)
+        _set_topic_config(destination_cluster.bootstrap_servers, dest_topic, "max.message.bytes", "1048588")
+
+        def delivered() -> bool:
+            copied = read_all(destination_cluster.bootstrap_servers, dest_topic, timeout_s=30)
+            return big in {r.value for r in copied.get(0, [])}
+
+        wait_until(delivered, timeout_s=120, message="the refused record, once the topic takes it")
+        copied = [r.value for r in read_all(destination_cluster.bootstrap_servers, dest_topic)[0]]
+        assert set(copied) == set(values)  # at least once: every record, duplicates allowed
+        assert f.deduper.terminate() == 0
+    assert "produce path produce() per record (at-least-once: a delivery report per record)" in f.deduper.output()

@@ -185,10 +185,29 @@ class Deduper:
         if self._eos:
             conf["transactional.id"] = self._transactional_id
             conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
+        else:
+            # No transaction fails for a record librdkafka gave up on (message.timeout.ms, a record the
+            # destination refuses): a delivery report per record catches it before the staging offsets
+            # past it are committed. So the direct path, which has no per-record report, is for
+            # exactly-once flows only.
+            conf["on_delivery"] = self._on_delivery
         producer = connected_producer(conf, self._names.staging_topic)
         # The client.id a cluster's client_config may have set is the one librdkafka names the handle after.
-        self._direct = self._dc.direct_produce and rowproduce.adopts(producer, str(conf["client.id"]))
+        self._direct = self._eos and self._dc.direct_produce and rowproduce.adopts(producer, str(conf["client.id"]))
         return producer
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        """At-least-once flows: keep the first failed delivery; the commit then fails and rewinds."""
+        if err is not None and self._delivery_error is None:
+            self._delivery_error = err
+
+    def _produce_path(self) -> str:
+        """The produce path of the current producer, for the start-up log."""
+        if not self._dc.direct_produce:
+            return "produce() per record (direct_produce: false)"
+        if not self._eos:
+            return "produce() per record (at-least-once: a delivery report per record)"
+        return rowproduce.describe(self._direct)
 
     def _on_producer_error(self, err: KafkaError) -> None:
         # A fatal error makes later calls fail with a generic _FATAL code; keep
@@ -315,9 +334,7 @@ class Deduper:
             self._names.staging_topic,
             f"transactional.id {self._transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
             envelope.CODEC,
-            rowproduce.describe(self._direct)
-            if self._dc.direct_produce
-            else "produce() per record (direct_produce: false)",
+            self._produce_path(),
         )
         self._consumer.subscribe(
             [self._names.staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -707,12 +724,12 @@ class Deduper:
             return
         budget = self._dc.operation_timeout_s
         try:
-            if self._slices:
-                # The offset map needs destination offsets, known once delivered.
-                remaining = self._producer.flush(budget)
-                if remaining:
-                    raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
-            if self._delivery_error is not None:
+            if self._slices or not self._eos:
+                # The offset map needs destination offsets, known once delivered. And without a
+                # transaction, the watermarks written next must not move past a record that is not
+                # delivered: they are visible (and restored from) as soon as they are written.
+                self._flush_delivered(budget)
+            elif self._delivery_error is not None:
                 raise KafkaException(self._delivery_error)
             # Mappings first: they learn the destination offset each state record names.
             self._produce_mappings()
@@ -730,9 +747,7 @@ class Deduper:
                     lambda: self._producer.commit_transaction(budget), what="commit_transaction", budget_s=budget
                 )
             else:
-                remaining = self._producer.flush(budget)
-                if remaining or self._delivery_error is not None:
-                    raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
+                self._flush_delivered(budget)  # the watermarks and the offset map
                 if offsets:
                     retry_retriable(
                         lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
@@ -751,6 +766,14 @@ class Deduper:
             self._committed[key] = st
         self._clear_transaction()
         self.stats.transactions_committed += 1
+
+    def _flush_delivered(self, budget_s: float) -> None:
+        """Flush the producer; raise the first failed delivery, or a timeout with records left."""
+        remaining = self._producer.flush(budget_s)
+        if self._delivery_error is not None:
+            raise KafkaException(self._delivery_error)
+        if remaining:
+            raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
 
     def _produce_state(self) -> None:
         now_ms = int(time.time() * 1000)
