@@ -19,7 +19,9 @@ produced, and the caller produces that row with ``produce()``, which raises
 what it always raised (``BufferError`` when the queue is full, a
 ``KafkaException`` when the producer is in an error state, ``TypeError`` for a
 column entry of another type) or succeeds; a row is never enqueued twice,
-since librdkafka enqueues nothing when it refuses one.
+since librdkafka enqueues nothing when it refuses one. One exception: a header
+name UTF-8 cannot encode raises ``UnicodeEncodeError`` here (the rows before it
+were produced), since ``produce()`` crashes the process on it.
 
 How it reaches librdkafka: confluent-kafka keeps the ``rd_kafka_t`` pointer as
 the first field of its Producer object (``Handle.rk``, unchanged since 0.9),
@@ -240,6 +242,8 @@ cdef Py_ssize_t _put_headers(rd_vu* vu, object headers) except -2:
         key = <object>PyTuple_GET_ITEM(<object>pair, 0)
         if type(key) is not str:
             return -1
+        # A name UTF-8 cannot encode (a lone surrogate) raises here, not in produce(): confluent-kafka
+        # 2.16.1's produce() crashes the process on one. Decoded envelopes never hold such a name.
         name = PyUnicode_AsUTF8AndSize(key, &name_len)
         if <size_t>name_len != strlen(name):
             return -1  # an embedded NUL: librdkafka reads header names as C strings

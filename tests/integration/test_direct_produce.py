@@ -9,6 +9,8 @@ queue, a producer in an error state, an entry of a type it does not take),
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -173,6 +175,18 @@ def test_a_producer_in_an_error_state_refuses_through_produce(
     assert _consume(destination_cluster.bootstrap_servers, topic, 0, 5) == _expected(columns, 0, 5)
 
 
+def test_a_header_name_utf8_cannot_encode_raises_after_the_rows_before_it() -> None:
+    """produce() would crash the process on it (confluent-kafka 2.16.1); the direct path raises instead."""
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "client.id": "ferryman-utf8-test", "log_level": 0})
+    try:
+        headers: list[Any] = [None, [("\udc80", b"v")]]
+        with pytest.raises(UnicodeEncodeError):
+            _rdproduce.produce_rows(producer, "t", 0, [b"a", b"b"], [None, None], [0, 0], headers, 0, 2)
+        assert len(producer) == 1  # the row before it is queued
+    finally:
+        producer.purge()
+
+
 def test_rows_out_of_the_columns_are_refused() -> None:
     producer = Producer({"client.id": "ferryman-range-test"})
     columns = _columns(3)
@@ -180,3 +194,14 @@ def test_rows_out_of_the_columns_are_refused() -> None:
         _rdproduce.produce_rows(producer, "t", 0, *columns, 1, 3)
     with pytest.raises(IndexError):
         _rdproduce.produce_rows(producer, "t", 0, *columns, -1, 1)
+
+
+def test_the_produce_path_micro_benchmark_runs_as_documented(source_cluster: KafkaCluster) -> None:
+    """``python -m bench.produce_path`` (a smoke run: its figures come from full runs)."""
+    argv = [sys.executable, "-m", "bench.produce_path", "--records", "2000", "--pairs", "1"]
+    out = subprocess.run(
+        [*argv, "--bootstrap", source_cluster.bootstrap_servers], check=True, capture_output=True, text=True
+    ).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith("pair 1: produce ") and " direct " in lines[0]
+    assert lines[-1].startswith("median: produce() ") and "direct / produce() = " in lines[-1]
