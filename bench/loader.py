@@ -76,22 +76,12 @@ class LoadProducer:
 
     def _produce_direct(self, topic: str, partition: int, seqs: range, pad: bytes) -> int:
         """``produce_run`` through ``ferryman.rowproduce``'s direct path."""
-        n = len(seqs)
-        if len(self._zeros) < n:
-            self._zeros = [0] * n
-        values, keys = list(values_of(partition, seqs, pad)), list(keys_of(seqs))
-        done = 0
-        while done < n:
-            done += rowproduce.rdproduce.produce_rows(
-                self.producer, topic, partition, values, keys, self._zeros, None, done, n - done
-            )
-            if done < n:  # produce() says why the row was refused, or takes it
-                try:
-                    self.producer.produce(topic, values[done], keys[done], partition)
-                except BufferError:
-                    return done
-                done += 1
-        return n
+        if len(self._zeros) < len(seqs):
+            self._zeros = [0] * len(seqs)
+        columns: list[list[Any]] = [list(values_of(partition, seqs, pad)), list(keys_of(seqs)), self._zeros]
+        return rowproduce.produce_run(
+            self.producer, topic, partition, columns, start=0, n=len(seqs), direct=True, wait=False
+        )
 
     def finish(self, budget_s: float) -> None:
         """Wait for every record to be delivered.

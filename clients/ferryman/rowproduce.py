@@ -47,7 +47,7 @@ _NONES = itertools.repeat(None)
 
 def adopts(producer: Producer, client_id: str) -> bool:
     """Whether :func:`produce_run` may bypass ``produce()`` for this producer (built with ``client_id``)."""
-    return rdproduce is not None and WHY_NOT is None and bool(rdproduce.adopts(producer, client_id))
+    return rdproduce is not None and bool(rdproduce.adopts(producer, client_id))  # False when not bound
 
 
 def produce_run(
@@ -59,7 +59,8 @@ def produce_run(
     start: int,
     n: int,
     direct: bool,
-) -> None:
+    wait: bool = True,
+) -> int:
     """Produce rows start..start+n-1 of the columns to topic's partition.
 
     Args:
@@ -71,23 +72,33 @@ def produce_run(
         n: how many rows.
         direct: the producer was adopted (:func:`adopts`); the columns must then
             be lists for the direct path to take them, else ``produce()`` does.
+        wait: when librdkafka's queue is full, serve deliveries until there is
+            room (the deduper); False: stop there (a paced load generator).
+
+    Returns:
+        How many rows were produced: n, or with ``wait`` False, those before the
+        first one the full queue refused.
 
     Raises:
         KafkaException: the producer refused a row (error state, fenced, closed...);
             the rows before it were produced.
     """
     lists = _as_lists(columns) if direct else None
-    while n > 0:
+    done = 0
+    while done < n:
+        i = start + done
         if lists is not None:
-            done = rdproduce.produce_rows(producer, topic, partition, *lists, start, n)
+            done += rdproduce.produce_rows(producer, topic, partition, *lists, i, n - done)
         else:
-            done = _produce_calls(producer, topic, partition, columns, start=start, n=n)
-        start += done
-        n -= done
-        if n:  # row start was refused: produce() says why, or waits for room
-            produce_row(producer, topic, partition, tuple(c[start] for c in columns), None)
-            start += 1
-            n -= 1
+            done += _produce_calls(producer, topic, partition, columns, start=i, n=n - done)
+        if done < n:  # row start + done was refused: produce() says why, or waits for room
+            row = tuple(c[start + done] for c in columns)
+            if wait:
+                produce_row(producer, topic, partition, row, None)
+            elif not _produce_once(producer, topic, partition, row):
+                return done
+            done += 1
+    return n
 
 
 def produce_row(producer: Producer, topic: str, partition: int, row: tuple[Any, ...], callback: Any) -> None:
@@ -96,13 +107,17 @@ def produce_row(producer: Producer, topic: str, partition: int, row: tuple[Any, 
     The callback goes in the ``callback`` slot: a positional on_delivery is
     ignored when callback is None.
     """
-    args = (topic, row[0], row[1], partition, callback, None, *row[2:])
-    while True:
-        try:
-            producer.produce(*args)
-            return
-        except BufferError:
-            producer.poll(_QUEUE_FULL_POLL_S)
+    while not _produce_once(producer, topic, partition, row, callback):
+        producer.poll(_QUEUE_FULL_POLL_S)
+
+
+def _produce_once(producer: Producer, topic: str, partition: int, row: tuple[Any, ...], callback: Any = None) -> bool:
+    """One row with ``produce()``; False when librdkafka's queue is full."""
+    try:
+        producer.produce(topic, row[0], row[1], partition, callback, None, *row[2:])
+    except BufferError:
+        return False
+    return True
 
 
 def _as_lists(columns: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any], list[Any], list[Any] | None] | None:

@@ -684,15 +684,15 @@ class Deduper:
             # the offset map needs just those two destination offsets.
             slc = _Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
             self._slices.append(slc)
-            last = start + count - 1
             first_cb = self._slice_callback(slc, first=True, last=count == 1)
             rowproduce.produce_row(self._producer, dest, partition, tuple(c[start] for c in columns), first_cb)
             if count > 1:
                 rowproduce.produce_run(
                     self._producer, dest, partition, columns, start=start + 1, n=count - 2, direct=self._direct
                 )
+                last_row = tuple(c[start + count - 1] for c in columns)
                 last_cb = self._slice_callback(slc, first=False, last=True)
-                rowproduce.produce_row(self._producer, dest, partition, tuple(c[last] for c in columns), last_cb)
+                rowproduce.produce_row(self._producer, dest, partition, last_row, last_cb)
         self._txn_records += count
         self.stats.records_written += count
 
