@@ -13,11 +13,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -32,7 +30,8 @@ from confluent_kafka import (
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 from ferryman.topics import watermark_offsets
 
-from bench.records import HEADER_BYTES, SEQ_MODULUS, decode
+from bench.readcols import NO_LATENCY, NO_OTHER_TYPE, WHY_NOT, Columns, DirectReader, columns_of
+from bench.records import SEQ_MODULUS
 
 #: Longest wait of one consume() call. consume() returns early only when the batch is
 #: full, so this bounds how late "visible" can be stamped at the tail of a run.
@@ -46,14 +45,6 @@ _METADATA_TIMEOUT_S = 5.0
 #: At most this many missing (partition, seq) pairs are kept as examples.
 _MISSING_EXAMPLES = 10
 
-# Message accessors as C callables for map() and groupby(): no Python code per record.
-_partition: Any = Message.partition
-_value: Any = Message.value
-_error: Any = Message.error
-_timestamp: Any = Message.timestamp
-_header = itemgetter(slice(0, HEADER_BYTES))
-_first = itemgetter(0)
-_second = itemgetter(1)
 #: confluent-kafka's timestamp type codes, by the name Kafka gives them.
 _TIMESTAMP_TYPES = {
     TIMESTAMP_NOT_AVAILABLE: "none",
@@ -132,36 +123,28 @@ class Tally:
         return self.unique == self.expected
 
     def add(self, msgs: list[Message]) -> int:
-        """Count a consumed batch (error events are skipped); return how many records it held.
+        """Count a consumed batch (error events are skipped); return how many records it held."""
+        return self.add_columns(columns_of(msgs))
 
-        librdkafka hands out each partition's messages in contiguous chunks. A chunk that
-        is exactly what a correct replicator writes (its own partition's next records, in
-        order, none seen before) is counted in C (``_add_run``); any other chunk is looked
-        at record by record (``_add_each``), with the same result.
+    def add_columns(self, cols: Columns) -> int:
+        """Count a batch read as columns; return how many records it held.
+
+        librdkafka hands out each partition's records in contiguous runs. A run that
+        is exactly what a correct replicator writes (its own partition's next records,
+        in order, none seen before) is counted at once (``_add_run``); any other run
+        is looked at record by record (``_add_each``), with the same result.
         """
-        n = 0
-        for partition, group in groupby(msgs, _partition):
-            chunk = list(group)
-            if any(map(_error, chunk)):
-                n += self._add_each(chunk)
-                continue
-            n += len(chunk)
-            if not self._add_run(partition, chunk):
-                self._add_each(chunk)
-        return n
+        headers = cols.headers
+        for partition, start, stop, consecutive in cols.runs:
+            if not (consecutive and self._add_run(partition, headers[start], stop - start)):
+                self._add_each(partition, headers[start:stop])
+        return len(headers)
 
-    def _add_run(self, partition: int, chunk: list[Message]) -> bool:
-        """Count ``chunk`` if it is records ``seq..seq+k-1`` of ``partition``, all new, after any seen
-        there; otherwise count nothing and return False."""
-        try:
-            headers: list[int] = list(map(int, map(_header, map(_value, chunk))))
-        except (TypeError, ValueError):  # a null or foreign value: the slow path says which
-            return False
-        k = len(headers)
-        p, seq = divmod(headers[0], SEQ_MODULUS)
+    def _add_run(self, partition: int, first: int, k: int) -> bool:
+        """Count headers ``first..first+k-1`` found on ``partition`` if they are records ``seq..seq+k-1``
+        of that partition, all new, after any seen there; otherwise count nothing and return False."""
+        p, seq = divmod(first, SEQ_MODULUS)
         if p != partition or not 0 <= p < len(self.counts) or seq <= self._last[p] or seq + k > self.counts[p]:
-            return False
-        if headers != list(range(headers[0], headers[0] + k)):
             return False
         i = self._base[p] + seq
         if self._seen.find(1, i, i + k) >= 0:
@@ -171,20 +154,12 @@ class Tally:
         self._last[p] = seq + k - 1
         return True
 
-    def _add_each(self, msgs: list[Message]) -> int:
-        """Count ``msgs`` record by record; return how many were records."""
+    def _add_each(self, partition: int, headers: Iterable[int]) -> None:
+        """Count the records with these headers, found on ``partition``, one by one."""
         seen, base, counts, last = self._seen, self._base, self.counts, self._last
-        n = 0
-        for m in msgs:
-            if m.error() is not None:
-                continue
-            n += 1
-            value = m.value()
-            try:
-                p, seq = decode(value)  # type: ignore[arg-type]  # None raises TypeError below
-                if seq >= counts[p]:
-                    raise IndexError(seq)
-            except (ValueError, IndexError, TypeError):
+        for header in headers:
+            p, seq = divmod(header, SEQ_MODULUS)
+            if header < 0 or p >= len(counts) or seq >= counts[p]:
                 self.foreign += 1
                 continue
             i = base[p] + seq
@@ -197,9 +172,8 @@ class Tally:
                 self.disordered += 1
             else:
                 last[p] = seq
-            if m.partition() != p:
+            if partition != p:
                 self.misplaced += 1
-        return n
 
     def missing_examples(self) -> list[tuple[int, int]]:
         """A few ``(partition, seq)`` never seen."""
@@ -244,6 +218,10 @@ class LiveWatcher:
         latency: collect per-record latencies from records whose timestamp type
             (``confluent_kafka.TIMESTAMP_*``) is this one; None: no latencies.
         on_first: called on the watcher thread when the first records are visible.
+        direct: read through the compiled reader (``bench.readcols.DirectReader``)
+            when it is available; False, or where it is not: ``consume()``. The
+            reader shares the machine with what it measures, and reading directly
+            costs it a fraction of the CPU.
     """
 
     def __init__(
@@ -255,14 +233,17 @@ class LiveWatcher:
         *,
         latency: int | None = None,
         on_first: Callable[[], None] | None = None,
+        direct: bool = True,
     ) -> None:
         self.tally = Tally(counts)
+        #: Whether the records are read through the compiled reader.
+        self.direct = direct and WHY_NOT is None
         self.first_visible: float | None = None
         self.first_batch_records = 0
         self.timeline: list[tuple[float, int]] = []
         self.last_visible: float | None = None
         self.last_progress = time.monotonic()
-        self.latencies_ms: list[float] = []
+        self.latencies_ms = array("d")
         self.error: str | None = None
         self.done = threading.Event()
         self._bootstrap, self._topic, self._deadline = bootstrap, topic, deadline
@@ -273,34 +254,36 @@ class LiveWatcher:
 
     def _run(self) -> None:
         consumer = _consumer(self._bootstrap, eof=False)
+        reader: DirectReader | None = None
         try:
             parts = len(self.tally.counts)
             if not _wait_for_topic(consumer, self._topic, parts, self._stop, self._deadline):
                 self.error = f"destination topic {self._topic} did not appear"
                 return
+            if self.direct:
+                reader = DirectReader(consumer)
+                reader.attach(self._topic, range(parts))  # before assign(): librdkafka keeps the forward
             consumer.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in range(parts)])
             tally, lat = self.tally, self.latencies_ms
+            latency_type = NO_LATENCY if self._latency is None else self._latency
             while not self._stop.is_set() and not tally.complete and time.monotonic() < self._deadline:
-                msgs = consumer.consume(_CONSUME_BATCH, _CONSUME_TIMEOUT_S)
-                if not msgs:
+                if reader is not None:
+                    cols = reader.read(_CONSUME_BATCH, _CONSUME_TIMEOUT_S, latency_type, lat)
+                else:
+                    cols = columns_of(consumer.consume(_CONSUME_BATCH, _CONSUME_TIMEOUT_S), latency_type, lat)
+                if cols.other_type != NO_OTHER_TYPE:
+                    found = cols.other_type
+                    self.error = (
+                        f"{self._topic}: a record's timestamp is {_TIMESTAMP_TYPES.get(found, found)}, expected "
+                        f"{_TIMESTAMP_TYPES.get(latency_type, latency_type)}: it is not the source broker's "
+                        "append time, so its latency would measure something else"
+                    )
+                    return
+                if not cols.headers:
                     continue
                 now = time.monotonic()
-                if self._latency is not None:
-                    now_ms = time.time() * 1000.0
-                    records = [m for m in msgs if m.error() is None] if any(map(_error, msgs)) else msgs
-                    stamps = list(map(_timestamp, records))  # (type, ms) of each record
-                    if any(map(self._latency.__ne__, map(_first, stamps))):
-                        found = next(t for t, _ms in stamps if t != self._latency)
-                        self.error = (
-                            f"{self._topic}: a record's timestamp is {_TIMESTAMP_TYPES.get(found, found)}, expected "
-                            f"{_TIMESTAMP_TYPES.get(self._latency, self._latency)}: it is not the source broker's "
-                            "append time, so its latency would measure something else"
-                        )
-                        return
-                    lat.extend(map(now_ms.__sub__, map(_second, stamps)))
                 before = tally.unique
-                if tally.add(msgs) == 0:
-                    continue
+                tally.add_columns(cols)
                 self.last_visible = self.last_progress = now
                 self.timeline.append((now, tally.unique))
                 if self.first_visible is None:
@@ -311,7 +294,10 @@ class LiveWatcher:
         except Exception as exc:  # reported with the row, not raised on a thread nobody joins
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            consumer.close()
+            if reader is not None:
+                reader.close()  # the reader first, then the consumer
+            else:
+                consumer.close()
             self.done.set()
 
     def stop(self, budget_s: float) -> None:

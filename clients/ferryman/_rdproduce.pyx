@@ -149,8 +149,11 @@ cdef type_t _type = NULL
 cdef object _Producer = Producer
 
 
-def _loaded_librdkafka():
-    """Paths of the librdkafka shared objects mapped into this process (Linux)."""
+def loaded_librdkafka():
+    """Paths of the librdkafka shared objects mapped into this process (Linux).
+
+    Also used by the bench's compiled reader, which binds the same library.
+    """
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             lines = maps.read().splitlines()
@@ -172,7 +175,7 @@ def bind():
         return None
     if Producer.__basicsize__ < sizeof(Handle):
         return "confluent-kafka's Producer is smaller than its documented head"
-    paths = _loaded_librdkafka()
+    paths = loaded_librdkafka()
     if len(paths) != 1:
         return f"found {len(paths)} librdkafka shared objects mapped, need exactly one"
     path = paths.pop().encode()

@@ -32,21 +32,27 @@ def _appended_topic(cluster: KafkaCluster, name: str, records: int, *, direct: b
     return counts
 
 
-def _watch(cluster: KafkaCluster, topic: str, counts: list[int], latency: int) -> LiveWatcher:
-    watcher = LiveWatcher(cluster.bootstrap_servers, topic, counts, time.monotonic() + _BUDGET_S, latency=latency)
+def _watch(cluster: KafkaCluster, topic: str, counts: list[int], latency: int, *, direct: bool) -> LiveWatcher:
+    deadline = time.monotonic() + _BUDGET_S
+    watcher = LiveWatcher(cluster.bootstrap_servers, topic, counts, deadline, latency=latency, direct=direct)
+    assert watcher.direct is direct  # the compiled reader is built here
     watcher.done.wait(_BUDGET_S)
     watcher.stop(_BUDGET_S)
     return watcher
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["produce-calls", "direct"])
+@pytest.mark.parametrize(
+    ("direct", "direct_read"),
+    [(False, False), (True, True)],
+    ids=["produce-calls-consume", "direct-produce-direct-read"],
+)
 def test_latencies_are_taken_from_the_append_time_the_records_carry(
-    source_cluster: KafkaCluster, unique_name: Callable[[str], str], direct: bool
+    source_cluster: KafkaCluster, unique_name: Callable[[str], str], direct: bool, direct_read: bool
 ) -> None:
     topic = unique_name("appended")
     before_ms = time.time() * 1000
     counts = _appended_topic(source_cluster, topic, 50, direct=direct)
-    watcher = _watch(source_cluster, topic, counts, TIMESTAMP_LOG_APPEND_TIME)
+    watcher = _watch(source_cluster, topic, counts, TIMESTAMP_LOG_APPEND_TIME, direct=direct_read)
     assert watcher.error is None
     assert watcher.tally.complete
     assert len(watcher.latencies_ms) == 50
@@ -54,16 +60,17 @@ def test_latencies_are_taken_from_the_append_time_the_records_carry(
     assert all(0 <= lat <= time.time() * 1000 - before_ms for lat in watcher.latencies_ms)
 
 
+@pytest.mark.parametrize("direct_read", [False, True], ids=["consume", "direct-read"])
 def test_copies_stamped_anywhere_else_stop_the_measurement(
-    source_cluster: KafkaCluster, unique_name: Callable[[str], str]
+    source_cluster: KafkaCluster, unique_name: Callable[[str], str], direct_read: bool
 ) -> None:
     # What the watcher sees if a replicator's destination topic re-stamped the copies (LogAppendTime there).
     topic = unique_name("restamped")
     counts = _appended_topic(source_cluster, topic, 10)
-    watcher = _watch(source_cluster, topic, counts, TIMESTAMP_CREATE_TIME)
+    watcher = _watch(source_cluster, topic, counts, TIMESTAMP_CREATE_TIME, direct=direct_read)
     assert watcher.error is not None
     assert "timestamp is LogAppendTime, expected CreateTime" in watcher.error
-    assert watcher.latencies_ms == []
+    assert len(watcher.latencies_ms) == 0
 
 
 def test_the_floor_measures_a_paced_load_from_its_append_time(
