@@ -26,26 +26,20 @@ the wall-clock time it became visible minus its timestamp. ``bench.readcols``
 gives the same columns from ``Message`` objects when this module is missing or
 cannot bind; a test holds the two equal on a real broker.
 
-How it reaches librdkafka: like ``ferryman._rdproduce`` (the ``rd_kafka_t``
-pointer heads confluent-kafka's ``Handle``; the library confluent-kafka loaded
-is reopened with ``RTLD_NOLOAD`` and checked by its version).
+How it reaches librdkafka: like ``ferryman._rdproduce``, through its
+``resolve()`` (the library confluent-kafka loaded, reopened with
+``RTLD_NOLOAD`` and checked by its version); the ``rd_kafka_t`` pointer heads
+confluent-kafka's ``Handle``.
 """
 
 from cpython.array cimport array, clone, extend_buffer
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-import confluent_kafka
 from confluent_kafka import Consumer
 
-from ferryman._rdproduce import loaded_librdkafka
-
-cdef extern from "<dlfcn.h>":
-    void* dlopen(const char* path, int flags)
-    void* dlsym(void* handle, const char* name)
-    int RTLD_NOW
-    int RTLD_NOLOAD
+from ferryman._rdproduce import resolve
 
 cdef extern from "<time.h>":
     ctypedef long time_t
@@ -83,7 +77,6 @@ cdef extern from *:
     typedef void (*ferryman_event_destroy_t)(void *rkev);
     typedef int64_t (*ferryman_message_timestamp_t)(const ferryman_rd_message *m, int *tstype);
     typedef int (*ferryman_reader_type_t)(const void *rk);
-    typedef int (*ferryman_reader_version_t)(void);
     """
     ctypedef struct rd_message "ferryman_rd_message":
         int err
@@ -104,13 +97,11 @@ cdef extern from *:
     ctypedef int64_t (*message_timestamp_t "ferryman_message_timestamp_t")(
         const rd_message* m, int* tstype) noexcept nogil
     ctypedef int (*type_t "ferryman_reader_type_t")(const void* rk) noexcept nogil
-    ctypedef int (*version_t "ferryman_reader_version_t")() noexcept nogil
 
 cdef enum:
     _EVENT_FETCH = 0x2  # RD_KAFKA_EVENT_FETCH
     _RD_KAFKA_CONSUMER = 1  # RD_KAFKA_CONSUMER of rd_kafka_type_t
     _HEADER_BYTES = 16  # bench.records.HEADER_BYTES
-    _SYMBOLS = 11
 
 cdef queue_new_t _queue_new = NULL
 cdef queue_get_partition_t _queue_get_partition = NULL
@@ -126,7 +117,7 @@ cdef array _int64s = array("q")
 
 
 def bind():
-    """Resolve librdkafka's functions from the copy confluent-kafka runs.
+    """Resolve librdkafka's functions from the copy confluent-kafka runs (``ferryman._rdproduce.resolve``).
 
     Returns:
         None when bound, else why not (the caller reads through ``consume()``).
@@ -137,35 +128,22 @@ def bind():
         return None
     if Consumer.__basicsize__ < sizeof(Handle):
         return "confluent-kafka's Consumer is smaller than its documented head"
-    paths = loaded_librdkafka()
-    if len(paths) != 1:
-        return f"found {len(paths)} librdkafka shared objects mapped, need exactly one"
-    path = paths.pop().encode()
-    cdef void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
-    if lib == NULL:
-        return f"cannot reopen {path.decode()}"
-    cdef void* symbols[_SYMBOLS]
-    names = (b"rd_kafka_queue_new", b"rd_kafka_queue_get_partition", b"rd_kafka_queue_forward",
-             b"rd_kafka_queue_destroy", b"rd_kafka_queue_poll", b"rd_kafka_event_type",
-             b"rd_kafka_event_message_next", b"rd_kafka_event_destroy", b"rd_kafka_message_timestamp",
-             b"rd_kafka_type", b"rd_kafka_version")
-    cdef int i
-    for i in range(_SYMBOLS):
-        symbols[i] = dlsym(lib, <const char*>names[i])
-        if symbols[i] == NULL:
-            return f"{path.decode()} has no {names[i].decode()}"
-    if (<version_t>symbols[10])() != confluent_kafka.libversion()[1]:
-        return f"{path.decode()} is not the librdkafka confluent-kafka reports"
-    _queue_new = <queue_new_t>symbols[0]
-    _queue_get_partition = <queue_get_partition_t>symbols[1]
-    _queue_forward = <queue_forward_t>symbols[2]
-    _queue_destroy = <queue_destroy_t>symbols[3]
-    _event_type = <event_type_t>symbols[5]
-    _event_message_next = <event_message_next_t>symbols[6]
-    _event_destroy = <event_destroy_t>symbols[7]
-    _message_timestamp = <message_timestamp_t>symbols[8]
-    _type = <type_t>symbols[9]
-    _queue_poll = <queue_poll_t>symbols[4]
+    found = resolve((b"rd_kafka_queue_new", b"rd_kafka_queue_get_partition", b"rd_kafka_queue_forward",
+                     b"rd_kafka_queue_destroy", b"rd_kafka_queue_poll", b"rd_kafka_event_type",
+                     b"rd_kafka_event_message_next", b"rd_kafka_event_destroy", b"rd_kafka_message_timestamp",
+                     b"rd_kafka_type"))
+    if isinstance(found, str):
+        return found
+    _queue_new = <queue_new_t><uintptr_t>found[0]
+    _queue_get_partition = <queue_get_partition_t><uintptr_t>found[1]
+    _queue_forward = <queue_forward_t><uintptr_t>found[2]
+    _queue_destroy = <queue_destroy_t><uintptr_t>found[3]
+    _event_type = <event_type_t><uintptr_t>found[5]
+    _event_message_next = <event_message_next_t><uintptr_t>found[6]
+    _event_destroy = <event_destroy_t><uintptr_t>found[7]
+    _message_timestamp = <message_timestamp_t><uintptr_t>found[8]
+    _type = <type_t><uintptr_t>found[9]
+    _queue_poll = <queue_poll_t><uintptr_t>found[4]
     return None
 
 

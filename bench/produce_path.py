@@ -4,8 +4,7 @@ Each measurement is a fresh process that produces ``--records`` records (``--val
 values, 8-byte keys, explicit timestamps) to a topic of a local cluster through
 ``ferryman.rowproduce.produce_run``, in runs of 1000 rows on one partition each as the
 deduper writes them, then flushes. Its figure is the process's CPU seconds, librdkafka's
-threads included, per million records. The two paths alternate, and which goes first
-alternates pair by pair, since this machine drifts within minutes.
+threads included, per million records. The two paths alternate (``bench.pairs``).
 
     python -m bench.produce_path [--records 1000000] [--pairs 3] [--bootstrap host:port]
 
@@ -14,22 +13,17 @@ Without ``--bootstrap`` it starts a one-broker cluster of its own and stops it a
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 from ferryman import rowproduce
-from ferryman_local import start_clusters
 
+from bench.pairs import arguments, cluster, in_child, interleaved
 from bench.topics import create_topics
 
 PATHS = ("produce", "direct")
@@ -74,47 +68,26 @@ def _child(path: str, bootstrap: str, topic: str, records: int, value_bytes: int
 def _measure(path: str, bootstrap: str, records: int, value_bytes: int) -> float:
     topic = f"produce-path-{path}-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], _PARTITIONS)
-    argv = [sys.executable, "-m", "bench.produce_path", "--child", path, "--bootstrap", bootstrap, "--topic", topic]
-    argv += ["--records", str(records), "--value-bytes", str(value_bytes)]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return float(out.split()[-1])
+    return in_child("bench.produce_path", path, bootstrap, topic, records, value_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.produce_path", description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=1_000_000, help="records per measurement (%(default)s)")
-    ap.add_argument("--value-bytes", type=int, default=100, help="size of every value (%(default)s)")
-    ap.add_argument("--pairs", type=int, default=3, help="measurements of each path, interleaved (%(default)s)")
-    ap.add_argument("--bootstrap", help="a cluster to use instead of starting one")
-    ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
-    ap.add_argument("--topic", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = arguments("bench.produce_path", __doc__, PATHS).parse_args(argv)
     if args.records < _RUN or args.records % _RUN:
-        ap.error(f"--records must be a positive multiple of {_RUN}")
+        raise SystemExit(f"--records must be a positive multiple of {_RUN}")
     if args.child:
         print(f"{_child(args.child, args.bootstrap, args.topic, args.records, args.value_bytes):.4f}")
         return 0
     if rowproduce.WHY_NOT is not None:
         print(f"the direct path is not available here: {rowproduce.WHY_NOT}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="produce-path-") as tmp:
-        clusters = [] if args.bootstrap else start_clusters(["produce-path"], base_dir=Path(tmp))
-        try:
-            bootstrap = args.bootstrap or clusters[0].bootstrap_servers
-            figures: dict[str, list[float]] = {p: [] for p in PATHS}
-            for pair in range(args.pairs):
-                order = PATHS if pair % 2 == 0 else PATHS[::-1]
-                for path in order:
-                    figures[path].append(_measure(path, bootstrap, args.records, args.value_bytes))
-                print(
-                    f"pair {pair + 1}: "
-                    + ", ".join(f"{p} {figures[p][-1]:.2f}" for p in PATHS)
-                    + f" CPU s per million {args.value_bytes}-byte records"
-                )
-        finally:
-            for c in clusters:
-                c.stop()
-    medians = {p: statistics.median(v) for p, v in figures.items()}
+    with cluster(args.bootstrap, "produce-path") as bootstrap:
+        medians = interleaved(
+            PATHS,
+            args.pairs,
+            lambda path: _measure(path, bootstrap, args.records, args.value_bytes),
+            f"CPU s per million {args.value_bytes}-byte records",
+        )
     print(
         f"median: produce() {medians['produce']:.2f}, direct {medians['direct']:.2f} CPU s/M "
         f"(direct / produce() = {medians['direct'] / medians['produce']:.2f})"

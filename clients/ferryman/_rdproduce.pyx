@@ -26,9 +26,9 @@ were produced), since ``produce()`` crashes the process on it.
 How it reaches librdkafka: confluent-kafka keeps the ``rd_kafka_t`` pointer as
 the first field of its Producer object (``Handle.rk``, unchanged since 0.9),
 and loads librdkafka as a shared library without exporting its symbols. So
-``bind()`` finds the library confluent-kafka loaded (``/proc/self/maps``),
-opens it again without loading anything (``RTLD_NOLOAD``), resolves the five
-functions used here, and checks that it is the very library confluent-kafka
+``resolve()`` finds the library confluent-kafka loaded (``/proc/self/maps``),
+opens it again without loading anything (``RTLD_NOLOAD``), resolves the
+functions ``bind()`` names, and checks that it is the very library confluent-kafka
 runs (``rd_kafka_version()`` against ``confluent_kafka.libversion()``);
 ``adopts()`` checks a producer's handle (librdkafka calls it a producer, named
 after its ``client.id``). When any check fails the caller keeps ``produce()``.
@@ -40,7 +40,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.string cimport strlen
 
 import os
@@ -149,11 +149,8 @@ cdef type_t _type = NULL
 cdef object _Producer = Producer
 
 
-def loaded_librdkafka():
-    """Paths of the librdkafka shared objects mapped into this process (Linux).
-
-    Also used by the bench's compiled reader, which binds the same library.
-    """
+def _loaded_librdkafka():
+    """Paths of the librdkafka shared objects mapped into this process (Linux)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             lines = maps.read().splitlines()
@@ -162,6 +159,34 @@ def loaded_librdkafka():
     # (not parts[-1]: this module is compiled with wraparound off)
     return {parts[5] for parts in (line.split(None, 5) for line in lines)
             if len(parts) == 6 and os.path.basename(parts[5]).startswith("librdkafka")}
+
+
+def resolve(names):
+    """Addresses of librdkafka's functions ``names`` (bytes) in the copy confluent-kafka runs.
+
+    The one place that finds that library: this module's ``bind()`` and the
+    bench's compiled reader (``bench._readcols``) both resolve through it.
+
+    Returns:
+        The addresses (ints, in the order of ``names``), or why not (a str).
+    """
+    paths = _loaded_librdkafka()
+    if len(paths) != 1:
+        return f"found {len(paths)} librdkafka shared objects mapped, need exactly one"
+    path = paths.pop().encode()
+    cdef void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
+    if lib == NULL:
+        return f"cannot reopen {path.decode()}"
+    cdef void* symbol = dlsym(lib, b"rd_kafka_version")
+    if symbol == NULL or (<version_t>symbol)() != confluent_kafka.libversion()[1]:
+        return f"{path.decode()} is not the librdkafka confluent-kafka reports"
+    addresses = []
+    for name in names:
+        symbol = dlsym(lib, <const char*>name)
+        if symbol == NULL:
+            return f"{path.decode()} has no {name.decode()}"
+        addresses.append(<uintptr_t>symbol)
+    return tuple(addresses)
 
 
 def bind():
@@ -175,29 +200,16 @@ def bind():
         return None
     if Producer.__basicsize__ < sizeof(Handle):
         return "confluent-kafka's Producer is smaller than its documented head"
-    paths = loaded_librdkafka()
-    if len(paths) != 1:
-        return f"found {len(paths)} librdkafka shared objects mapped, need exactly one"
-    path = paths.pop().encode()
-    cdef void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
-    if lib == NULL:
-        return f"cannot reopen {path.decode()}"
-    cdef void* symbols[7]
-    names = (b"rd_kafka_produceva", b"rd_kafka_error_destroy", b"rd_kafka_topic_new",
-             b"rd_kafka_topic_destroy", b"rd_kafka_name", b"rd_kafka_type", b"rd_kafka_version")
-    cdef int i
-    for i in range(7):
-        symbols[i] = dlsym(lib, <const char*>names[i])
-        if symbols[i] == NULL:
-            return f"{path.decode()} has no {names[i].decode()}"
-    if (<version_t>symbols[6])() != confluent_kafka.libversion()[1]:
-        return f"{path.decode()} is not the librdkafka confluent-kafka reports"
-    _error_destroy = <error_destroy_t>symbols[1]
-    _topic_new = <topic_new_t>symbols[2]
-    _topic_destroy = <topic_destroy_t>symbols[3]
-    _name = <name_t>symbols[4]
-    _type = <type_t>symbols[5]
-    _produceva = <produceva_t>symbols[0]
+    found = resolve((b"rd_kafka_produceva", b"rd_kafka_error_destroy", b"rd_kafka_topic_new",
+                     b"rd_kafka_topic_destroy", b"rd_kafka_name", b"rd_kafka_type"))
+    if isinstance(found, str):
+        return found
+    _error_destroy = <error_destroy_t><uintptr_t>found[1]
+    _topic_new = <topic_new_t><uintptr_t>found[2]
+    _topic_destroy = <topic_destroy_t><uintptr_t>found[3]
+    _name = <name_t><uintptr_t>found[4]
+    _type = <type_t><uintptr_t>found[5]
+    _produceva = <produceva_t><uintptr_t>found[0]
     return None
 
 

@@ -9,8 +9,6 @@ queue, a producer in an error state, an entry of a type it does not take),
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from ferryman import _rdproduce, rowproduce
 
+from tests.helpers.bench import micro_benchmark_lines
 from tests.helpers.kafka import KafkaCluster, create_topic
 
 Row = tuple[bytes | None, bytes | None, int, Any]  # value, key, timestamp, headers (as consumed)
@@ -202,10 +201,6 @@ def test_rows_out_of_the_columns_are_refused() -> None:
 
 def test_the_produce_path_micro_benchmark_runs_as_documented(source_cluster: KafkaCluster) -> None:
     """``python -m bench.produce_path`` (a smoke run: its figures come from full runs)."""
-    argv = [sys.executable, "-m", "bench.produce_path", "--records", "2000", "--pairs", "1"]
-    out = subprocess.run(
-        [*argv, "--bootstrap", source_cluster.bootstrap_servers], check=True, capture_output=True, text=True
-    ).stdout
-    lines = out.splitlines()
+    lines = micro_benchmark_lines("bench.produce_path", source_cluster.bootstrap_servers)
     assert lines[0].startswith("pair 1: produce ") and " direct " in lines[0]
     assert lines[-1].startswith("median: produce() ") and "direct / produce() = " in lines[-1]

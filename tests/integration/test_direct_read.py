@@ -28,6 +28,7 @@ from bench.latency import SOURCE_TOPIC_CONFIG
 from bench.readcols import NO_LATENCY, NO_OTHER_TYPE, WHY_NOT, Columns, DirectReader, columns_of
 from bench.records import make_value, padding
 from bench.verify import Tally
+from tests.helpers.bench import micro_benchmark_lines
 from tests.helpers.kafka import KafkaCluster, create_topic
 
 pytestmark = pytest.mark.integration
@@ -211,3 +212,10 @@ def test_closing_the_reader_closes_its_consumer_after_it(
         consumer.assignment()
     with pytest.raises(ValueError, match="reader is closed"):
         reader.read(100, 0.1)
+
+
+def test_the_read_path_micro_benchmark_runs_as_documented(source_cluster: KafkaCluster) -> None:
+    """``python -m bench.read_path`` (a smoke run: its figures come from full runs)."""
+    lines = micro_benchmark_lines("bench.read_path", source_cluster.bootstrap_servers)
+    assert lines[0].startswith("pair 1: consume ") and " direct " in lines[0]
+    assert lines[-1].startswith("median: consume() ") and "direct / consume() = " in lines[-1]
