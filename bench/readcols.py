@@ -28,10 +28,12 @@ from confluent_kafka import Consumer, Message
 
 from bench.records import HEADER_BYTES
 
+_IMPORT_ERROR: str | None = None
 try:
     from bench import _readcols
-except ImportError:  # built without a C compiler
+except ImportError as exc:  # not built (python -m bench.build), or built against another ferryman
     _readcols = None  # type: ignore[assignment]
+    _IMPORT_ERROR = f"bench._readcols cannot be imported ({exc}); python -m bench.build builds it"
 
 #: ``latency_type`` meaning "take no latencies".
 NO_LATENCY = -1
@@ -39,7 +41,7 @@ NO_LATENCY = -1
 NO_OTHER_TYPE = -1
 
 #: Why the compiled reader is not available (None: it is).
-WHY_NOT: str | None = "bench._readcols is not built" if _readcols is None else _readcols.bind()
+WHY_NOT: str | None = _IMPORT_ERROR if _readcols is None else _readcols.bind()
 
 _partition: Any = Message.partition
 _value: Any = Message.value
@@ -48,6 +50,11 @@ _timestamp: Any = Message.timestamp
 _head: Any = itemgetter(slice(0, HEADER_BYTES))
 _first = itemgetter(0)
 _second = itemgetter(1)
+
+
+def reader_path() -> str:
+    """Which path the bench reads visible records through, and why not the compiled one (for its log)."""
+    return "compiled (bench._readcols)" if WHY_NOT is None else f"consume() per batch ({WHY_NOT})"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from bench.latency import measure as measure_latency
 from bench.machine import ReclaimScheme, as_json, describe_reclaim, reclaim_schemes
 from bench.measure import TreeSampler, Usage
 from bench.preload import PreloadResult, preload
+from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
 from bench.results import RowResult, Throughput, Verdict
@@ -752,6 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # CPython's defaults a third of its CPU went to collections (see docs/notes.md,
     # session 11), taken from whichever row was running. The services' setting keeps it off.
     tune_gc()
+    _log(f"reader of the destination: {reader_path()}")
     reclaim = reclaim_schemes()
     if (reclaim_note := describe_reclaim(reclaim)) is not None:
         _log(reclaim_note)
@@ -822,6 +824,7 @@ def _describe(cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme
             "librdkafka": confluent_kafka.libversion()[0],
             "local_clusters": not cfg.source,
             "memory_reclaim": as_json(reclaim),
+            "reader": reader_path(),
         },
     }
 
