@@ -233,8 +233,8 @@ cdef class Reader:
             than ``latency_type`` (-1: none), after which no latency is appended.
         """
         self._open()
-        if latency_type >= 0 and latencies is None:
-            raise ValueError("latencies needed with a latency type")
+        if latency_type >= 0 and (latencies is None or latencies.typecode != "d"):
+            raise ValueError("latencies need an array('d') with a latency type")
         cdef int64_t* heads = <int64_t*>malloc(max(max_records, 1) * sizeof(int64_t))
         cdef double* lat = <double*>malloc(max(max_records, 1) * sizeof(double))
         if heads == NULL or lat == NULL:

@@ -97,7 +97,7 @@ def columns_of(msgs: list[Message], latency_type: int = NO_LATENCY, latencies: a
     other_type = NO_OTHER_TYPE
     if latency_type != NO_LATENCY and records:
         if latencies is None:
-            raise ValueError("latencies needed with a latency type")
+            raise ValueError("latencies need an array('d') with a latency type")
         now_ms = time.time() * 1000.0
         stamps = list(map(_timestamp, records))  # (type, ms) of each record
         types = list(map(_first, stamps))

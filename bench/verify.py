@@ -33,8 +33,9 @@ from ferryman.topics import watermark_offsets
 from bench.readcols import NO_LATENCY, NO_OTHER_TYPE, WHY_NOT, Columns, DirectReader, columns_of
 from bench.records import SEQ_MODULUS
 
-#: Longest wait of one consume() call. consume() returns early only when the batch is
-#: full, so this bounds how late "visible" can be stamped at the tail of a run.
+#: Longest wait of one read. consume() returns early only when its batch is full, so this
+#: bounds how late "visible" can be stamped through it; the compiled reader returns as soon
+#: as records are there.
 _CONSUME_TIMEOUT_S = 0.01
 #: Records fetched per consume() call: one Python/C crossing per batch.
 _CONSUME_BATCH = 10_000

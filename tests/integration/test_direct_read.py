@@ -219,3 +219,14 @@ def test_the_read_path_micro_benchmark_runs_as_documented(source_cluster: KafkaC
     lines = micro_benchmark_lines("bench.read_path", source_cluster.bootstrap_servers)
     assert lines[0].startswith("pair 1: consume ") and " direct " in lines[0]
     assert lines[-1].startswith("median: consume() ") and "direct / consume() = " in lines[-1]
+
+
+def test_latencies_need_an_array_of_doubles(source_cluster: KafkaCluster) -> None:
+    consumer = _consumer(source_cluster.bootstrap_servers)
+    reader = DirectReader(consumer)
+    try:
+        for wrong in (None, array("f")):
+            with pytest.raises(ValueError, match=r"array\('d'\)"):
+                reader.read(10, 0.0, TIMESTAMP_LOG_APPEND_TIME, wrong)
+    finally:
+        reader.close()

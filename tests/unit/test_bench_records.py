@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+import time
+from array import array
 from collections.abc import Iterable
 
 import pytest
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 
 from bench.loader import LoadProducer
-from bench.records import decode, keys_of, make_key, make_value, padding, values_of
+from bench.readcols import NO_OTHER_TYPE, columns_of
+from bench.records import SEQ_MODULUS, decode, keys_of, make_key, make_value, padding, values_of
 from bench.verify import Tally
 
 
@@ -147,3 +150,36 @@ def _compare_on_a_random_copy(seed: int) -> None:
         stream = stream[k:]
     tally = _tally(batches, counts)
     assert (_fields(tally), tally.missing_examples()) == _reference(batches, counts), f"seed {seed}"
+
+
+def test_columns_of_a_batch_split_runs_and_skip_events() -> None:
+    pad = padding(20)
+    batch = [
+        _record(0, make_value(0, 0, pad)),
+        _record(0, make_value(0, 1, pad)),
+        Message(topic="d", partition=0, error=KafkaError(KafkaError._PARTITION_EOF)),
+        _record(1, make_value(1, 5, pad)),
+        _record(1, make_value(1, 7, pad)),
+        _record(0, None),
+        _record(0, b"0000000000000002"[:15]),
+    ]
+    cols = columns_of(batch)
+    assert list(cols.headers) == [0, 1, SEQ_MODULUS + 5, SEQ_MODULUS + 7, -1, -1]
+    assert cols.runs == [(0, 0, 2, True), (1, 2, 4, False), (0, 4, 6, False)]
+    assert (cols.events, cols.other_type) == (1, NO_OTHER_TYPE)
+
+
+def test_latencies_stop_at_the_first_record_of_another_timestamp_type() -> None:
+    now_ms = time.time() * 1000
+    batch = [
+        Message(topic="d", partition=0, value=b"x", timestamp=(TIMESTAMP_LOG_APPEND_TIME, int(now_ms) - 50)),
+        Message(topic="d", partition=0, value=b"x", timestamp=(TIMESTAMP_CREATE_TIME, int(now_ms) - 40)),
+        Message(topic="d", partition=0, value=b"x", timestamp=(TIMESTAMP_LOG_APPEND_TIME, int(now_ms) - 30)),
+    ]
+    latencies = array("d")
+    cols = columns_of(batch, TIMESTAMP_LOG_APPEND_TIME, latencies)
+    assert cols.other_type == TIMESTAMP_CREATE_TIME
+    assert len(latencies) == 1
+    assert 50 <= latencies[0] < 50 + 10_000
+    with pytest.raises(ValueError, match="latencies need"):
+        columns_of(batch, TIMESTAMP_LOG_APPEND_TIME)
