@@ -32,10 +32,10 @@ How it reaches librdkafka: like ``ferryman._rdproduce``, through its
 confluent-kafka's ``Handle``.
 """
 
-from cpython.array cimport array, clone, extend_buffer
+from cpython.array cimport array, clone, extend_buffer, resize
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uintptr_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, realloc
 
 from confluent_kafka import Consumer
 
@@ -180,9 +180,13 @@ cdef class Reader:
     cdef void* _rk
     cdef void* _queue
     cdef list _attached
+    cdef double* _lat  # one read's latencies before they join the caller's array
+    cdef Py_ssize_t _lat_size
 
     def __cinit__(self, consumer):
         self._queue = NULL
+        self._lat = NULL
+        self._lat_size = 0
         self._attached = []
         if _queue_poll == NULL:
             raise ValueError("bench._readcols is not bound to librdkafka (bind() says why)")
@@ -235,13 +239,16 @@ cdef class Reader:
         self._open()
         if latency_type >= 0 and (latencies is None or latencies.typecode != "d"):
             raise ValueError("latencies need an array('d') with a latency type")
-        cdef int64_t* heads = <int64_t*>malloc(max(max_records, 1) * sizeof(int64_t))
-        cdef double* lat = <double*>malloc(max(max_records, 1) * sizeof(double))
-        if heads == NULL or lat == NULL:
-            free(heads)
-            free(lat)
-            raise MemoryError()
-        cdef Py_ssize_t i, n = 0, n_lat = 0, run_start = 0
+        cdef double* grown
+        if latency_type >= 0 and max_records > self._lat_size:  # kept for the next read
+            grown = <double*>realloc(self._lat, max_records * sizeof(double))
+            if grown == NULL:
+                raise MemoryError()
+            self._lat, self._lat_size = grown, max_records
+        headers = clone(_int64s, max(max_records, 0), False)  # written in place, cut to n at the end
+        cdef int64_t* heads = <int64_t*>headers.data.as_longlongs
+        cdef double* lat = self._lat
+        cdef Py_ssize_t n = 0, n_lat = 0, run_start = 0
         cdef int32_t run_partition = -1
         cdef bint consecutive = True
         cdef int events = 0, other_type = -1, tstype = 0
@@ -252,47 +259,41 @@ cdef class Reader:
         cdef const rd_message* m
         cdef void* queue = self._queue
         runs = []
-        try:
-            with nogil:
-                event = _queue_poll(queue, timeout_ms)
-            if event != NULL:
-                clock_gettime(CLOCK_REALTIME, &clock)
-                now_ms = clock.tv_sec * 1000.0 + clock.tv_nsec / 1e6
-            while event != NULL:
-                m = _event_message_next(event) if _event_type(event) == _EVENT_FETCH else NULL
-                if m == NULL or m.err != 0:
-                    events += 1
-                else:
-                    if m.partition != run_partition:
-                        if n > run_start:
-                            runs.append((run_partition, run_start, n, consecutive))
-                        run_partition, run_start, consecutive = m.partition, n, True
-                    h = _header(m)
-                    if h < 0 or (n > run_start and h != heads[n - 1] + 1):
-                        consecutive = False
-                    heads[n] = h
-                    n += 1
-                    if latency_type >= 0 and other_type < 0:
-                        ts = _message_timestamp(m, &tstype)
-                        if tstype == latency_type:
-                            lat[n_lat] = now_ms - ts
-                            n_lat += 1
-                        else:
-                            other_type = tstype
-                _event_destroy(event)
-                if n >= max_records:
-                    break
-                event = _queue_poll(queue, 0)
-            if n > run_start:
-                runs.append((run_partition, run_start, n, consecutive))
-            headers = clone(_int64s, n, False)
-            for i in range(n):
-                headers.data.as_longlongs[i] = heads[i]
-            if n_lat:
-                extend_buffer(latencies, <char*>lat, n_lat)
-        finally:
-            free(heads)
-            free(lat)
+        with nogil:
+            event = _queue_poll(queue, timeout_ms) if max_records > 0 else NULL
+        if event != NULL:
+            clock_gettime(CLOCK_REALTIME, &clock)
+            now_ms = clock.tv_sec * 1000.0 + clock.tv_nsec / 1e6
+        while event != NULL:
+            m = _event_message_next(event) if _event_type(event) == _EVENT_FETCH else NULL
+            if m == NULL or m.err != 0:
+                events += 1
+            else:
+                if m.partition != run_partition:
+                    if n > run_start:
+                        runs.append((run_partition, run_start, n, consecutive))
+                    run_partition, run_start, consecutive = m.partition, n, True
+                h = _header(m)
+                if h < 0 or (n > run_start and h != heads[n - 1] + 1):
+                    consecutive = False
+                heads[n] = h
+                n += 1
+                if latency_type >= 0 and other_type < 0:
+                    ts = _message_timestamp(m, &tstype)
+                    if tstype == latency_type:
+                        lat[n_lat] = now_ms - ts
+                        n_lat += 1
+                    else:
+                        other_type = tstype
+            _event_destroy(event)
+            if n >= max_records:
+                break
+            event = _queue_poll(queue, 0)
+        if n > run_start:
+            runs.append((run_partition, run_start, n, consecutive))
+        resize(headers, n)
+        if n_lat:
+            extend_buffer(latencies, <char*>lat, n_lat)
         return headers, runs, events, other_type
 
     def close(self):
@@ -315,5 +316,6 @@ cdef class Reader:
         self._attached = []
 
     def __dealloc__(self):
+        free(self._lat)
         if self._queue != NULL and (<Handle*><PyObject*>self._consumer).rk == self._rk:
             _queue_destroy(self._queue)

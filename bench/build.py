@@ -10,6 +10,7 @@ bench reads through ``consume()`` (``bench.readcols.WHY_NOT`` says why).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     """Build; 0 when built or up to date, 1 when it could not be (the bench still runs)."""
+    os.chdir(_ROOT)  # setuptools takes the sources relative to the project
     try:
         setup(
             name="ferryman-bench-reader",
@@ -34,7 +36,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    import os
-
-    os.chdir(_ROOT)
     sys.exit(main())

@@ -22,10 +22,10 @@ import uuid
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from bench.latency import SOURCE_TOPIC_CONFIG
-from bench.loader import LoadProducer
 from bench.pairs import arguments, cluster, in_child, interleaved
+from bench.preload import preload
 from bench.readcols import WHY_NOT
-from bench.records import padding, split_counts
+from bench.records import split_counts
 from bench.topics import create_topics
 from bench.verify import LiveWatcher
 
@@ -37,14 +37,7 @@ _BUDGET_S = 300.0
 def _preload(bootstrap: str, records: int, value_bytes: int) -> str:
     topic = f"read-path-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], _PARTITIONS, SOURCE_TOPIC_CONFIG)
-    settings = {"linger.ms": 5, "queue.buffering.max.messages": 1_000_000, "log_level": 4}  # not its disconnect
-    load = LoadProducer(bootstrap, settings, direct=True)
-    for p, n in enumerate(split_counts(records, _PARTITIONS)):
-        done = 0
-        while done < n:
-            done += load.produce_run(topic, p, range(done, n), padding(value_bytes))
-            load.producer.poll(0.01)  # a full queue: let deliveries make room
-    load.finish(_BUDGET_S)
+    preload(bootstrap, topic, split_counts(records, _PARTITIONS), value_bytes, budget_s=_BUDGET_S)
     return topic
 
 
