@@ -223,12 +223,6 @@ class WrapperConfig(_Model, frozen=True):
     """How often source progress is sent over the control link."""
 
 
-#: Destination producer linger without transactions (librdkafka's default).
-_AT_LEAST_ONCE_LINGER_MS = 5
-#: Longest default destination producer linger with transactions.
-_EXACTLY_ONCE_MAX_LINGER_MS = 100
-
-
 class DeduperConfig(_Model, frozen=True):
     """Tuning of the deduper service (destination side)."""
 
@@ -258,9 +252,14 @@ class DeduperConfig(_Model, frozen=True):
     readers of the destination wait at most this long behind a stuck transaction."""
     operation_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     """Budget for one flush/commit/abort/init call including retries."""
-    linger_ms: Annotated[int, Meta(ge=0)] | None = None
-    """Producer linger for destination writes. Default: ``transaction_interval_ms``
-    (at most 100 ms) when the flow is exactly-once, 5 ms otherwise (see producer_linger_ms)."""
+    linger_ms: Annotated[int, Meta(ge=0)] = 5
+    """Producer linger for destination writes (librdkafka's default), with or without
+    transactions. A transaction's records stream to the broker while it is open, so
+    the commit's flush waits for the last linger's worth only. Lingering until the
+    commit (the default before: the transaction interval) made the commit send the
+    whole transaction, and the loop stopped for it: at 300 k rec/s paced, commits of
+    ~95 ms (a ~55 ms flush) against ~40 ms (3-8 ms), and end-to-end p99 575-579 ms
+    against 369-466, with the same CPU in bulk (see docs/notes.md, session 16)."""
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     """Compression of destination batches. ``none`` like Kafka's producer and
     MirrorMaker 2: the destination broker is near, and compressing costs the
@@ -282,24 +281,6 @@ class DeduperConfig(_Model, frozen=True):
     """Pause wrappers when this many staging records wait to be deduplicated."""
     resend_retry_s: Annotated[float, Meta(gt=0)] = 10.0
     """Ask again for a gap's records if they have not arrived after this long."""
-
-    def producer_linger_ms(self, exactly_once: bool) -> int:
-        """The destination producer's ``linger.ms``: linger_ms if set, else by delivery mode.
-
-        Exactly-once: the transaction interval, at most 100 ms. Records are
-        invisible to read_committed readers until the commit, whose flush sends
-        whatever is lingering, so waiting costs no latency; it makes fewer,
-        fuller produce requests (measured here: ~10% less deduper CPU and 10-30%
-        less destination-broker CPU per record). The cap keeps a long interval
-        from holding a transaction's records back until its commit.
-        At-least-once: records are visible once written, so 5 ms, librdkafka's
-        default.
-        """
-        if self.linger_ms is not None:
-            return self.linger_ms
-        if exactly_once:
-            return min(self.transaction_interval_ms, _EXACTLY_ONCE_MAX_LINGER_MS)
-        return _AT_LEAST_ONCE_LINGER_MS
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.instance_id):

@@ -129,23 +129,11 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert not cfg.rpc.tls.enabled
 
 
-@pytest.mark.parametrize(
-    ("settings", "exactly_once", "expected"),
-    [
-        ({}, True, 100),
-        ({"transaction_interval_ms": 40}, True, 40),
-        ({"transaction_interval_ms": 250}, True, 100),
-        ({}, False, 5),
-        ({"transaction_interval_ms": 250}, False, 5),
-        ({"linger_ms": 0}, True, 0),
-        ({"linger_ms": 20}, False, 20),
-    ],
-)
-def test_destination_linger_defaults_to_the_transaction_interval_when_exactly_once(
-    settings: dict[str, int], exactly_once: bool, expected: int
-) -> None:
-    """Records are invisible until the commit (whose flush sends them), so lingering that long costs nothing."""
-    assert DeduperConfig(**settings).producer_linger_ms(exactly_once) == expected  # type: ignore[arg-type]
+def test_destination_linger_is_librdkafkas_default_with_or_without_transactions() -> None:
+    """Records stream to the broker while a transaction is open: the commit's flush waits for one linger only."""
+    assert DeduperConfig().linger_ms == 5
+    assert DeduperConfig(transaction_interval_ms=250).linger_ms == 5
+    assert DeduperConfig(linger_ms=0).linger_ms == 0
 
 
 def test_configuration_is_frozen(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ class Deduper:
             {
                 "enable.idempotence": True,
                 "acks": "all",
-                "linger.ms": self._dc.producer_linger_ms(self._eos),
+                "linger.ms": self._dc.linger_ms,
                 "compression.type": self._dc.compression_type,
                 "message.max.bytes": self._dc.max_message_bytes,
                 # A transaction may hold up to transaction_max_records records
