@@ -83,6 +83,10 @@ class LatencyResult:
     """CPU seconds of the replicator's processes over the whole phase (NaN: nothing replicated)."""
     replicator_cpu_s_by_program: Mapping[str, float] = field(default_factory=dict)
     """``replicator_cpu_s`` split by the program each process tree was launched as."""
+    replicator_counters: Mapping[str, float] = field(default_factory=dict)
+    """What the replicator reported about itself over the phase (``Row.counters()`` after
+    minus before; empty when it reports nothing). Ferryman: its dedupers' ``commits``,
+    and their wall time ``commit_s`` and destination flush time ``commit_flush_s``."""
 
     @property
     def complete(self) -> bool:

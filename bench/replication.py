@@ -55,6 +55,7 @@ from types import FrameType
 from typing import Any
 
 import confluent_kafka
+import grpc
 from ferryman.service import tune_gc
 from ferryman_local import LocalCluster, start_clusters
 
@@ -604,6 +605,7 @@ def _measure(
         latency_rate = tp.steady_rps / 2 if tp.steady_rps else _DEFAULT_LATENCY_RATE
     sampler.sample()
     before = _by_program(sampler, row)
+    counters_before = _counters(row)
     # A row slower than the offered load (MM2 exactly-once, at half of Ferryman's rate) works through its
     # backlog after the load ends: twice the time its own steady rate needs for it, so that falling behind
     # shows as latency rather than as a failed row.
@@ -620,12 +622,34 @@ def _measure(
     )
     sampler.sample()
     by_program = {k: v - before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
+    counters_after = _counters(row)
+    counters = {k: v - counters_before[k] for k, v in counters_after.items() if k in counters_before}
     # The programs' shares add up to the whole: every process sampled belongs to one root.
-    result.latency = replace(lat, replicator_cpu_s=sum(by_program.values()), replicator_cpu_s_by_program=by_program)
+    result.latency = replace(
+        lat,
+        replicator_cpu_s=sum(by_program.values()),
+        replicator_cpu_s_by_program=by_program,
+        replicator_counters=counters,
+    )
     _log(
         f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M"
         + _split_per_million(by_program, lat.records)
     )
+    if counters.get("commits"):
+        n = counters["commits"]
+        _log(
+            f"{row.name}: {n:,.0f} transactions committed in the phase, {counters['commit_s'] / n * 1000:.1f} ms "
+            f"each on average ({counters['commit_flush_s'] / n * 1000:.1f} ms of it flushing the records)"
+        )
+
+
+def _counters(row: Row) -> Mapping[str, float]:
+    """``row.counters()``, or none (logged) when the replicator does not answer: they explain, never decide."""
+    try:
+        return row.counters()
+    except grpc.RpcError as exc:
+        _log(f"{row.name}: its counters could not be read ({exc.code()}: {exc.details()})")
+        return {}
 
 
 def _kernel_share(tp: Throughput) -> str:

@@ -109,6 +109,14 @@ class Row(ABC):
         """Settings worth reporting with the figures."""
         return {}
 
+    def counters(self) -> Mapping[str, float]:
+        """Running totals the replicator reports about itself, read before and after a phase (default: none).
+
+        Each value only grows while the row runs, so the difference of two readings
+        covers the time between them.
+        """
+        return {}
+
     def _spawn(self, argv: Sequence[str], log_name: str, env: Mapping[str, str] | None = None) -> None:
         log = self.ctx.work_dir / log_name
         self._logs.append((Path(argv[0]).name, log))

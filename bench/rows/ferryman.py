@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ferryman.config import RpcConfig
+from ferryman.rpc import open_channel
+from ferryman.v1 import control_pb2, control_pb2_grpc
 from ferryman_local import reserve_port
 
-from bench.rows.base import Row, RowUnavailableError
+from bench.rows.base import Row, RowContext, RowUnavailableError
 
 #: The console scripts live next to the interpreter (``pip install -e .`` puts them there).
 _BIN = Path(sys.executable).parent
 #: Source cluster alias; with the prefix naming policy destination topics are ``source.<topic>``.
 _SOURCE_ALIAS = "source"
+#: Budget of one deduper status call.
+_STATUS_TIMEOUT_S = 5.0
 
 
 class FerrymanRow(Row):
@@ -24,6 +29,10 @@ class FerrymanRow(Row):
 
     name = "ferryman"
     exactly_once = True
+
+    def __init__(self, ctx: RowContext) -> None:
+        super().__init__(ctx)
+        self._deduper_ports: list[int] = []
 
     @property
     def alias(self) -> str:
@@ -69,6 +78,7 @@ class FerrymanRow(Row):
         """Start the dedupers first (the wrappers connect to them), then the wrappers."""
         opts = self.ctx.options
         ports = [reserve_port() for _ in range(opts.deduper_procs)]
+        self._deduper_ports = ports
         path = self.ctx.work_dir / "ferryman.yaml"
         path.write_text(yaml.safe_dump(self._config(ports), sort_keys=False))
         for i, port in enumerate(ports):
@@ -88,6 +98,23 @@ class FerrymanRow(Row):
             self._spawn(
                 [str(_BIN / "ferryman-wrapper"), "--config", str(path), "--instance-id", f"w{i}"], f"wrapper-{i}.log"
             )
+
+    def counters(self) -> Mapping[str, float]:
+        """The dedupers' transaction commits so far: how many, and their wall time and flush time in seconds.
+
+        Raises:
+            grpc.RpcError: a deduper did not answer its status call.
+        """
+        totals = {"commits": 0.0, "commit_s": 0.0, "commit_flush_s": 0.0}
+        for port in self._deduper_ports:
+            with open_channel(f"127.0.0.1:{port}", RpcConfig()) as channel:
+                status: control_pb2.GetDeduperStatusResponse = control_pb2_grpc.DeduperServiceStub(
+                    channel
+                ).GetDeduperStatus(control_pb2.GetDeduperStatusRequest(), timeout=_STATUS_TIMEOUT_S)
+            totals["commits"] += status.transactions_committed
+            totals["commit_s"] += status.commit_seconds_total
+            totals["commit_flush_s"] += status.commit_flush_seconds_total
+        return totals
 
     def settings(self) -> Mapping[str, object]:
         """Process counts and the deduper's transaction interval."""

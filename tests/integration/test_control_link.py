@@ -195,6 +195,12 @@ def test_committed_watermarks_flow_back_to_the_wrapper(
     d, w = statuses
     assert w.control_connected
     assert d.connected_wrappers == [f"{pair.flow}-w1"]
+    # Every commit is timed; the offset map is on, so each flushes the destination records first.
+    assert d.transactions_committed >= 1
+    assert 0 < d.commit_p50_ms <= d.commit_max_ms
+    assert 0 < d.commit_flush_p50_ms <= d.commit_max_ms
+    assert 0 < d.commit_flush_seconds_total < d.commit_seconds_total
+    assert d.commit_seconds_total >= d.commit_max_ms / 1000
 
     # A separate read_committed reader sees exactly the records up to those watermarks.
     dst = read_all(destination_cluster.bootstrap_servers, linked.destination)

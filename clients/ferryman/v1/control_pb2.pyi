@@ -564,6 +564,11 @@ class GetDeduperStatusResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONNECTED_WRAPPERS_FIELD_NUMBER: _builtins.int
     GAPS_HEALED_FIELD_NUMBER: _builtins.int
+    COMMIT_P50_MS_FIELD_NUMBER: _builtins.int
+    COMMIT_MAX_MS_FIELD_NUMBER: _builtins.int
+    COMMIT_FLUSH_P50_MS_FIELD_NUMBER: _builtins.int
+    COMMIT_SECONDS_TOTAL_FIELD_NUMBER: _builtins.int
+    COMMIT_FLUSH_SECONDS_TOTAL_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -580,6 +585,26 @@ class GetDeduperStatusResponse(_message.Message):
     """Transactions aborted since start."""
     gaps_healed: _builtins.int
     """Gaps closed by envelopes resent over the control link."""
+    commit_p50_ms: _builtins.float
+    """Wall time of the recent transaction commits (up to the last 256), in
+    milliseconds: median and maximum; 0 before the first. A commit stops the
+    deduper's loop (flush, staging offsets, EndTxn), so it adds to the latency of
+    every record waiting behind it.
+    """
+    commit_max_ms: _builtins.float
+    """See commit_p50_ms."""
+    commit_flush_p50_ms: _builtins.float
+    """Median time the recent commits spent flushing the destination records
+    first, in milliseconds; 0 when commits do not flush first (exactly-once
+    without the offset map).
+    """
+    commit_seconds_total: _builtins.float
+    """Wall time of every commit since start, in seconds: with
+    transactions_committed, the mean commit time over any interval between two
+    status calls.
+    """
+    commit_flush_seconds_total: _builtins.float
+    """Of commit_seconds_total, the time spent flushing the destination records."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
         """Committed watermarks and lag of owned source partitions."""
@@ -601,10 +626,15 @@ class GetDeduperStatusResponse(_message.Message):
         partitions: _abc.Iterable[Global___PartitionWatermark] | None = ...,
         connected_wrappers: _abc.Iterable[_builtins.str] | None = ...,
         gaps_healed: _builtins.int = ...,
+        commit_p50_ms: _builtins.float = ...,
+        commit_max_ms: _builtins.float = ...,
+        commit_flush_p50_ms: _builtins.float = ...,
+        commit_seconds_total: _builtins.float = ...,
+        commit_flush_seconds_total: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

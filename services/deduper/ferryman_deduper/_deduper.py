@@ -57,6 +57,7 @@ from ferryman_deduper._control import ControlHub, ControlServicer, DeduperStatus
 from ferryman_deduper._decide import PartitionState, Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import Filled, GapTracker
+from ferryman_deduper._timings import RecentDurations
 
 _log = logging.getLogger(__name__)
 
@@ -143,6 +144,9 @@ class Deduper:
         self._hub: ControlHub | None = None
         self._next_watermarks = 0.0
         self._last_commit_s = 0.0
+        # Recent commits' wall time and their destination flush, for the status RPC.
+        self._commit_times = RecentDurations()
+        self._flush_times = RecentDurations()
         self._commit_failures = 0
         self._txn_open = False
         self._txn_started = 0.0
@@ -510,6 +514,11 @@ class Deduper:
             duplicates_dropped=st.duplicates_dropped,
             gaps_detected=st.gaps_detected,
             gaps_healed=st.gaps_healed,
+            commit_p50_ms=self._commit_times.median_ms(),
+            commit_max_ms=self._commit_times.max_ms(),
+            commit_flush_p50_ms=self._flush_times.median_ms(),
+            commit_seconds_total=self._commit_times.total_s(),
+            commit_flush_seconds_total=self._flush_times.total_s(),
             transactions_committed=st.transactions_committed,
             transactions_aborted=st.transactions_aborted,
             partitions=self._watermarks() if self._hub is not None else [],
@@ -723,12 +732,14 @@ class Deduper:
         if not self._txn_open:
             return
         budget = self._dc.operation_timeout_s
+        started = time.monotonic()
         try:
             if self._slices or not self._eos:
                 # The offset map needs destination offsets, known once delivered. And without a
                 # transaction, the watermarks written next must not move past a record that is not
                 # delivered: they are visible (and restored from) as soon as they are written.
                 self._flush_delivered(budget)
+                self._flush_times.add(time.monotonic() - started)
             elif self._delivery_error is not None:
                 raise KafkaException(self._delivery_error)
             # Mappings first: they learn the destination offset each state record names.
@@ -766,6 +777,7 @@ class Deduper:
             self._committed[key] = st
         self._clear_transaction()
         self.stats.transactions_committed += 1
+        self._commit_times.add(time.monotonic() - started)
 
     def _flush_delivered(self, budget_s: float) -> None:
         """Flush the producer; raise the first failed delivery, or a timeout with records left."""
