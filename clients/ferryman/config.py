@@ -258,7 +258,7 @@ class DeduperConfig(_Model, frozen=True):
     the commit's flush waits for the last linger's worth only. Lingering until the
     commit (the default before: the transaction interval) made the commit send the
     whole transaction, and the loop stopped for it: at 300 k rec/s paced, commits of
-    ~95 ms (a ~55 ms flush) against ~40 ms (3-8 ms), and end-to-end p99 575-579 ms
+    ~95 ms (a ~55 ms flush) against ~40 ms (a 3-8 ms flush), and end-to-end p99 575-579 ms
     against 369-466, with the same CPU in bulk (see docs/notes.md, session 16)."""
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     """Compression of destination batches. ``none`` like Kafka's producer and

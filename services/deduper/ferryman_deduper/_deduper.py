@@ -177,7 +177,8 @@ class Deduper:
                 "compression.type": self._dc.compression_type,
                 "message.max.bytes": self._dc.max_message_bytes,
                 # A transaction may hold up to transaction_max_records records
-                # before it is committed; they all sit in the local queue.
+                # before it is committed; all of them wait in the local queue
+                # while the broker is behind.
                 "queue.buffering.max.messages": max(100_000, 2 * self._dc.transaction_max_records),
                 # CONCURRENT_TRANSACTIONS right after a commit clears within
                 # tens of ms; the 100 ms default backoff would cap us at a few
