@@ -66,6 +66,7 @@ from bench.latency import measure as measure_latency
 from bench.machine import ReclaimScheme, as_json, describe_reclaim, reclaim_schemes
 from bench.measure import TreeSampler, Usage
 from bench.preload import PreloadResult, preload
+from bench.provenance import code_version
 from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
@@ -778,6 +779,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # session 11), taken from whichever row was running. The services' setting keeps it off.
     tune_gc()
     _log(f"reader of the destination: {reader_path()}")
+    code = code_version()
+    _log(f"code measured: {code.describe() if code else 'not a git checkout'}")
     reclaim = reclaim_schemes()
     if (reclaim_note := describe_reclaim(reclaim)) is not None:
         _log(reclaim_note)
@@ -838,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _describe(cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme]) -> dict[str, Any]:
     return {
         "config": cfg,
+        "code": code_version(),
         "topic": stage.topic if stage else None,
         "machine": {
             "cpus": os.cpu_count(),
