@@ -66,7 +66,7 @@ from bench.latency import measure as measure_latency
 from bench.machine import ReclaimScheme, as_json, describe_reclaim, reclaim_schemes
 from bench.measure import TreeSampler, Usage
 from bench.preload import PreloadResult, preload
-from bench.provenance import code_version
+from bench.provenance import CodeVersion, code_version
 from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
@@ -833,15 +833,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in footnotes(results, floor):
         print(line)
     if cfg.json_path:
-        write_json(cfg.json_path, _describe(cfg, stage, reclaim), results, floor)
+        write_json(cfg.json_path, _describe(cfg, stage, reclaim, code), results, floor)
         _log(f"raw figures in {cfg.json_path}")
     return 1 if any(r.status == "FAILED" for r in results) else 0
 
 
-def _describe(cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme]) -> dict[str, Any]:
+def _describe(
+    cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme], code: CodeVersion | None
+) -> dict[str, Any]:
     return {
         "config": cfg,
-        "code": code_version(),
+        "code": code,  # as the run started
         "topic": stage.topic if stage else None,
         "machine": {
             "cpus": os.cpu_count(),

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ferryman.config import RpcConfig
-from ferryman.rpc import open_channel
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.status import deduper_status
 from ferryman_local import reserve_port
 
 from bench.rows.base import Row, RowContext, RowUnavailableError
@@ -20,8 +18,6 @@ from bench.rows.base import Row, RowContext, RowUnavailableError
 _BIN = Path(sys.executable).parent
 #: Source cluster alias; with the prefix naming policy destination topics are ``source.<topic>``.
 _SOURCE_ALIAS = "source"
-#: Budget of one deduper status call.
-_STATUS_TIMEOUT_S = 5.0
 
 
 class FerrymanRow(Row):
@@ -32,7 +28,7 @@ class FerrymanRow(Row):
 
     def __init__(self, ctx: RowContext) -> None:
         super().__init__(ctx)
-        self._deduper_ports: list[int] = []
+        self._deduper_addresses: list[str] = []
 
     @property
     def alias(self) -> str:
@@ -45,7 +41,7 @@ class FerrymanRow(Row):
         if missing:
             raise RowUnavailableError(f"{', '.join(missing)} not installed in {_BIN} (pip install -e .)")
 
-    def _config(self, deduper_ports: list[int]) -> dict[str, Any]:
+    def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
         opts = self.ctx.options
         deduper: dict[str, Any] = {}
         if opts.ferryman_txn_ms is not None:
@@ -69,7 +65,7 @@ class FerrymanRow(Row):
             "wrapper": {
                 "listen_address": "127.0.0.1:0",
                 "compression_type": opts.staging_compression,
-                "deduper_addresses": [f"127.0.0.1:{p}" for p in deduper_ports],
+                "deduper_addresses": deduper_addresses,
             },
             "deduper": deduper,
         }
@@ -77,11 +73,10 @@ class FerrymanRow(Row):
     def launch(self) -> None:
         """Start the dedupers first (the wrappers connect to them), then the wrappers."""
         opts = self.ctx.options
-        ports = [reserve_port() for _ in range(opts.deduper_procs)]
-        self._deduper_ports = ports
+        self._deduper_addresses = [f"127.0.0.1:{reserve_port()}" for _ in range(opts.deduper_procs)]
         path = self.ctx.work_dir / "ferryman.yaml"
-        path.write_text(yaml.safe_dump(self._config(ports), sort_keys=False))
-        for i, port in enumerate(ports):
+        path.write_text(yaml.safe_dump(self._config(self._deduper_addresses), sort_keys=False))
+        for i, address in enumerate(self._deduper_addresses):
             self._spawn(
                 [
                     str(_BIN / "ferryman-deduper"),
@@ -90,7 +85,7 @@ class FerrymanRow(Row):
                     "--instance-id",
                     f"d{i}",
                     "--listen",
-                    f"127.0.0.1:{port}",
+                    address,
                 ],
                 f"deduper-{i}.log",
             )
@@ -106,11 +101,8 @@ class FerrymanRow(Row):
             grpc.RpcError: a deduper did not answer its status call.
         """
         totals = {"commits": 0.0, "commit_s": 0.0, "commit_flush_s": 0.0}
-        for port in self._deduper_ports:
-            with open_channel(f"127.0.0.1:{port}", RpcConfig()) as channel:
-                status: control_pb2.GetDeduperStatusResponse = control_pb2_grpc.DeduperServiceStub(
-                    channel
-                ).GetDeduperStatus(control_pb2.GetDeduperStatusRequest(), timeout=_STATUS_TIMEOUT_S)
+        for address in self._deduper_addresses:
+            status = deduper_status(address)
             totals["commits"] += status.transactions_committed
             totals["commit_s"] += status.commit_seconds_total
             totals["commit_flush_s"] += status.commit_flush_seconds_total

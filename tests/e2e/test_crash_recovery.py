@@ -13,8 +13,9 @@ from typing import TypedDict
 
 import pytest
 from confluent_kafka import Producer
+from ferryman.status import deduper_status
 
-from tests.helpers.grpc_clients import deduper_status, local
+from tests.helpers.grpc_clients import local
 from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, flow_config, running_flow, write_config, write_flow_config
 

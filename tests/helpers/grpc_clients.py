@@ -1,6 +1,6 @@
 """Typed test clients of the services' gRPC APIs, and the wiring of a wrapper/deduper pair over the control link.
 
-* status: ``WrapperService/GetWrapperStatus`` and ``DeduperService/GetDeduperStatus``;
+* status of a linked pair, through ``ferryman.status`` (``LinkedPair.wrapper_status()`` and ``deduper_status()``);
 * standard health checking and server reflection;
 * a hand-driven ``ControlService/Connect`` stream (`ControlStream`) and an
   in-process control server (`control_server`) for the protocol tests;
@@ -23,6 +23,7 @@ import grpc
 from ferryman import protocol
 from ferryman.config import RpcConfig
 from ferryman.rpc import RpcServer, build_server, default_server_interceptors, open_channel
+from ferryman.status import deduper_status, wrapper_status
 from ferryman.v1 import control_pb2, control_pb2_grpc
 from ferryman_deduper._control import ControlHub, ControlServicer
 from ferryman_local import reserve_port
@@ -58,28 +59,6 @@ def local(port: int) -> str:
 
 
 # -- unary calls -------------------------------------------------------------------------------------------------
-
-
-def wrapper_status(
-    address: str, rpc: RpcConfig | None = None, timeout_s: float = CALL_TIMEOUT_S
-) -> control_pb2.GetWrapperStatusResponse:
-    """``GetWrapperStatus`` of the wrapper at address."""
-    with open_channel(address, rpc or RpcConfig()) as channel:
-        response: control_pb2.GetWrapperStatusResponse = control_pb2_grpc.WrapperServiceStub(channel).GetWrapperStatus(
-            control_pb2.GetWrapperStatusRequest(), timeout=timeout_s
-        )
-        return response
-
-
-def deduper_status(
-    address: str, rpc: RpcConfig | None = None, timeout_s: float = CALL_TIMEOUT_S
-) -> control_pb2.GetDeduperStatusResponse:
-    """``GetDeduperStatus`` of the deduper at address."""
-    with open_channel(address, rpc or RpcConfig()) as channel:
-        response: control_pb2.GetDeduperStatusResponse = control_pb2_grpc.DeduperServiceStub(channel).GetDeduperStatus(
-            control_pb2.GetDeduperStatusRequest(), timeout=timeout_s
-        )
-        return response
 
 
 def when_listening(call: Callable[[], T]) -> T | None:

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, Res
 from ferryman import protocol
 from ferryman.config import RpcConfig, SecretStr, TlsConfig
 from ferryman.rpc import rpc_error_from
+from ferryman.status import deduper_status, wrapper_status
 from ferryman.v1 import control_pb2
 from ferryman_deduper._control import ControlHub
 from ferryman_deduper._deduper import _SPEC_SYNC_INTERVAL_S
@@ -38,7 +39,6 @@ from tests.helpers.grpc_clients import (
     ControlStream,
     LinkedPair,
     control_server,
-    deduper_status,
     health,
     hello,
     local,
@@ -46,7 +46,6 @@ from tests.helpers.grpc_clients import (
     reflected_services,
     start_linked_pair,
     when_listening,
-    wrapper_status,
 )
 from tests.helpers.kafka import (
     KafkaCluster,

@@ -197,7 +197,7 @@ def test_the_log_line_gives_the_kernels_part_of_the_rows_and_the_brokers_cpu() -
 
 def test_the_runs_json_names_the_client_library_and_the_machines_reclaim() -> None:
     scheme = ReclaimScheme(action="pageout", min_idle_s=60.0, quota_bytes_per_s=2**31, filters=["anon: excluded"])
-    machine = replication._describe(replication._parse(["--smoke"]), None, [scheme])["machine"]
+    machine = replication._describe(replication._parse(["--smoke"]), None, [scheme], None)["machine"]
     assert machine["confluent_kafka"] == importlib.metadata.version("confluent-kafka")  # not its first character
     assert machine["memory_reclaim"] == [
         {"action": "pageout", "min_idle_s": 60.0, "quota_bytes_per_s": 2**31, "filters": ["anon: excluded"]}

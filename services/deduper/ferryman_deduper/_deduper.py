@@ -415,9 +415,7 @@ class Deduper:
 
     def _budget_commit(self) -> None:
         """Commit on the time/size budget, timing it for the adaptive budget."""
-        started = time.monotonic()
-        self._commit("budget")
-        self._last_commit_s = time.monotonic() - started
+        self._last_commit_s = self._commit("budget")
 
     def _commit_cost_budget(self) -> float:
         """Shortest transaction worth its commit: commits take at most ~25% of the time.
@@ -722,16 +720,19 @@ class Deduper:
         return on_delivery
 
     # ----------------------------------------------------------- transactions
-    def _commit(self, reason: str, *, in_callback: bool = False) -> None:
+    def _commit(self, reason: str, *, in_callback: bool = False) -> float:
         """Commit the open transaction: records, watermarks, offset map, staging offsets.
 
         A failure is recovered at once, or, inside a rebalance callback
         (in_callback), recorded for the loop to recover before it processes
         anything else: recovery restores state with blocking calls
         (committed offsets, the state topic), which time out in a callback.
+
+        Returns:
+            Its wall time in seconds, a recovery included (0 with no transaction open).
         """
         if not self._txn_open:
-            return
+            return 0.0
         budget = self._dc.operation_timeout_s
         started = time.monotonic()
         try:
@@ -772,13 +773,15 @@ class Deduper:
                 self._deferred_failure = (exc, f"commit ({reason})")
             else:
                 self._recover(exc, f"commit ({reason})")
-            return
+            return time.monotonic() - started
         self._commit_failures = 0
         for key, st in self._pending.items():
             self._committed[key] = st
         self._clear_transaction()
         self.stats.transactions_committed += 1
-        self._commit_times.add(time.monotonic() - started)
+        took = time.monotonic() - started
+        self._commit_times.add(took)
+        return took
 
     def _flush_delivered(self, budget_s: float) -> None:
         """Flush the producer; raise the first failed delivery, or a timeout with records left."""
