@@ -203,7 +203,9 @@ class WrapperConfig(_Model, frozen=True):
     envelope_max_bytes: Annotated[int, Meta(ge=1024)] = 512 * 1024
     """Target payload size of one envelope (a single larger record still gets its own)."""
     commit_interval_ms: Annotated[int, Meta(ge=10)] = 1000
-    """How often acknowledged source offsets are committed to the source cluster."""
+    """How often acknowledged source offsets are committed to the source cluster. The
+    loop does not wait for these commits (a failed one is covered by the next); the
+    commits on shutdown, rewind and partition revocation are waited for."""
     topic_refresh_interval_s: Annotated[float, Meta(gt=0)] = 10.0
     """How often the source topic list is re-read to pick up new topics."""
     linger_ms: Annotated[int, Meta(ge=0)] = 5

@@ -37,7 +37,7 @@ from ferryman import envelope, protocol, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
-from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
@@ -113,6 +113,8 @@ class Wrapper:
         self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
         self._links: list[ControlLink] = []
         self._progress_snapshot: list[control_pb2.PartitionProgress] = []
+        # Since when asynchronous source offset commits have been failing (None: the last one passed).
+        self._commit_failing_since: float | None = None
         self.records_sent = 0
         self.envelopes_sent = 0
         self.rewinds = 0
@@ -150,6 +152,7 @@ class Wrapper:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
                 "session.timeout.ms": self._wc.session_timeout_ms,
+                "on_commit": self._on_commit,
             }
         )
         if self._wc.instance_id or self._static_id:
@@ -266,7 +269,7 @@ class Wrapper:
                 self._rewind("a staging write failed")
             now = time.monotonic()
             if now >= next_commit:
-                self._commit()
+                self._commit(synchronous=False)
                 next_commit = now + self._wc.commit_interval_ms / 1000
             self._apply_backpressure()
             if self._links and now >= next_progress:
@@ -482,9 +485,19 @@ class Wrapper:
         _log.warning("source consumer: %s", err)
 
     # ------------------------------------------------------------- commits
-    def _commit(self, keys: list[PartitionKey] | None = None) -> None:
+    def _commit(self, keys: list[PartitionKey] | None = None, *, synchronous: bool = True) -> None:
+        """Commit the acknowledged prefix of each partition (of ``keys``, or all) to the source cluster.
+
+        Synchronous (shutdown, rewind, revoke: the next reader must find it): retriable
+        errors are retried within the admin budget, a rebalance's is logged and skipped.
+        The periodic commit is asynchronous: the loop does not wait for the round trip
+        (7-28 ms at 250 k rec/s here, every record behind it delayed by as much); its
+        outcome arrives in ``_on_commit``, and a failed one is covered by the next.
+        """
         positions = self._tracker.commit_positions(keys)
         if not positions:
+            if keys is None:
+                self._commit_failing_since = None  # everything acknowledged is committed
             return
         # The topic id rides along as commit metadata: after a source topic is
         # deleted and re-created, old offsets are recognised as meaningless.
@@ -493,6 +506,12 @@ class Wrapper:
             for k, nxt in positions.items()
             if k in self._sources
         ]
+        if not synchronous:
+            try:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+            except KafkaException as exc:  # refused before it was sent
+                self._commit_failed(kafka_error_of(exc), "committing source offsets")
+            return
         try:
             retry_retriable(
                 lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
@@ -507,6 +526,44 @@ class Wrapper:
                 return
             raise
         self._tracker.mark_committed(positions)
+        self._commit_failing_since = None
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Outcome of a source offset commit (consumer callback, on the loop thread)."""
+        if err is not None:
+            self._commit_failed(err, "committing source offsets")
+            return
+        done: dict[PartitionKey, int] = {}
+        for tp in partitions:
+            if tp.error is not None:
+                self._commit_failed(tp.error, f"committing source offset of {tp.topic}-{tp.partition}")
+            elif tp.offset >= 0:
+                done[PartitionKey(tp.topic, tp.partition)] = tp.offset
+        if done:
+            self._tracker.mark_committed(done)
+            if len(done) == len(partitions):
+                self._commit_failing_since = None
+
+    def _commit_failed(self, err: KafkaError | None, what: str) -> None:
+        """A commit the loop did not wait for failed: the next one covers it, unless it cannot pass.
+
+        A rebalance's error is only logged (the new owner resumes from the last commit).
+        Fenced or fatal errors stop the wrapper, as a synchronous commit's do; so do
+        retriable ones lasting the admin budget (a synchronous commit retries that long).
+        """
+        cls = ErrorClass.FATAL if err is None else classify(err)
+        if cls is ErrorClass.ABORTABLE:
+            _log.warning("%s skipped during a rebalance: %s", what, err)
+            return
+        if cls is ErrorClass.RETRIABLE:
+            now = time.monotonic()
+            if self._commit_failing_since is None:
+                self._commit_failing_since = now
+            if now - self._commit_failing_since < _ADMIN_TIMEOUT_S:
+                _log.warning("%s failed (%s); the next commit covers it", what, err)
+                return
+        cause = err if err is not None else KafkaError(KafkaError._FAIL)
+        self._fatal = KafkaOperationError(what, KafkaException(cause))
 
     def _rewind(self, why: str) -> None:
         """Resume every partition just after its acknowledged prefix."""
