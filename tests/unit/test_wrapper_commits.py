@@ -182,3 +182,14 @@ def test_a_failure_long_past_is_forgotten_once_everything_is_committed(clock: _C
     clock.now += 10 * _wrapper._ADMIN_TIMEOUT_S
     w._on_commit(down, report(_Report("orders", 0, 100)))
     assert w._fatal is None
+
+
+def test_positions_of_partitions_no_longer_described_send_no_commit() -> None:
+    """An empty commit is refused by librdkafka (_NO_OFFSET, fatal here): none is sent."""
+    consumer = _Consumer()
+    w = wrapper_with_acks(consumer)
+    w._sources.clear()
+    w._commit(synchronous=False)
+    w._commit()
+    assert consumer.calls == []
+    assert w._fatal is None

@@ -506,6 +506,8 @@ class Wrapper:
             for k, nxt in positions.items()
             if k in self._sources
         ]
+        if not offsets:
+            return  # librdkafka refuses an empty commit (_NO_OFFSET), which would stop the wrapper
         if not synchronous:
             try:
                 self._consumer.commit(offsets=offsets, asynchronous=True)
