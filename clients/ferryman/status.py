@@ -7,12 +7,25 @@ the bench and the tests; a caller asking often should keep a channel and a stub.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
 from ferryman.config import RpcConfig
 from ferryman.rpc import open_channel
 from ferryman.v1 import control_pb2, control_pb2_grpc
 
+T = TypeVar("T")
+
 #: Default budget of one status call.
 STATUS_TIMEOUT_S = 5.0
+
+
+def _call(address: str, rpc: RpcConfig | None, call: Callable[[grpc.Channel], T]) -> T:
+    """``call`` on a channel of its own to ``address``, closed afterwards."""
+    with open_channel(address, rpc or RpcConfig()) as channel:
+        return call(channel)
 
 
 def wrapper_status(
@@ -23,11 +36,12 @@ def wrapper_status(
     Raises:
         grpc.RpcError: the call failed (not listening, refused, timed out).
     """
-    with open_channel(address, rpc or RpcConfig()) as channel:
-        response: control_pb2.GetWrapperStatusResponse = control_pb2_grpc.WrapperServiceStub(channel).GetWrapperStatus(
-            control_pb2.GetWrapperStatusRequest(), timeout=timeout_s
-        )
-        return response
+    request = control_pb2.GetWrapperStatusRequest()
+    return _call(
+        address,
+        rpc,
+        lambda channel: control_pb2_grpc.WrapperServiceStub(channel).GetWrapperStatus(request, timeout=timeout_s),
+    )
 
 
 def deduper_status(
@@ -38,8 +52,9 @@ def deduper_status(
     Raises:
         grpc.RpcError: the call failed (not listening, refused, timed out).
     """
-    with open_channel(address, rpc or RpcConfig()) as channel:
-        response: control_pb2.GetDeduperStatusResponse = control_pb2_grpc.DeduperServiceStub(channel).GetDeduperStatus(
-            control_pb2.GetDeduperStatusRequest(), timeout=timeout_s
-        )
-        return response
+    request = control_pb2.GetDeduperStatusRequest()
+    return _call(
+        address,
+        rpc,
+        lambda channel: control_pb2_grpc.DeduperServiceStub(channel).GetDeduperStatus(request, timeout=timeout_s),
+    )

@@ -37,7 +37,7 @@ from ferryman import envelope, protocol, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
-from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
+from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
@@ -512,7 +512,7 @@ class Wrapper:
             try:
                 self._consumer.commit(offsets=offsets, asynchronous=True)
             except KafkaException as exc:  # refused before it was sent
-                self._commit_failed(kafka_error_of(exc), "committing source offsets")
+                self._commit_failed(exc, "committing source offsets")
             return
         try:
             retry_retriable(
@@ -546,26 +546,25 @@ class Wrapper:
             if len(done) == len(partitions):
                 self._commit_failing_since = None
 
-    def _commit_failed(self, err: KafkaError | None, what: str) -> None:
+    def _commit_failed(self, error: KafkaError | KafkaException, what: str) -> None:
         """A commit the loop did not wait for failed: the next one covers it, unless it cannot pass.
 
         A rebalance's error is only logged (the new owner resumes from the last commit).
         Fenced or fatal errors stop the wrapper, as a synchronous commit's do; so do
         retriable ones lasting the admin budget (a synchronous commit retries that long).
         """
-        cls = ErrorClass.FATAL if err is None else classify(err)
+        cls = classify(error)
         if cls is ErrorClass.ABORTABLE:
-            _log.warning("%s skipped during a rebalance: %s", what, err)
+            _log.warning("%s skipped during a rebalance: %s", what, error)
             return
         if cls is ErrorClass.RETRIABLE:
             now = time.monotonic()
             if self._commit_failing_since is None:
                 self._commit_failing_since = now
             if now - self._commit_failing_since < _ADMIN_TIMEOUT_S:
-                _log.warning("%s failed (%s); the next commit covers it", what, err)
+                _log.warning("%s failed (%s); the next commit covers it", what, error)
                 return
-        cause = err if err is not None else KafkaError(KafkaError._FAIL)
-        self._fatal = KafkaOperationError(what, KafkaException(cause))
+        self._fatal = KafkaOperationError(what, error if isinstance(error, KafkaException) else KafkaException(error))
 
     def _rewind(self, why: str) -> None:
         """Resume every partition just after its acknowledged prefix."""
