@@ -15,14 +15,17 @@ at-least-once row's duplicates too).
 The generator and the reader share the machine with the replicator and both
 clusters, so the phase also records how busy the whole machine was and what the
 generator and the reader cost: a latency taken on a saturated machine measures
-queueing for CPU, not the replicator. ``measure`` with the source topic as its
-own destination (no replicator) gives the floor of the measurement itself.
+queueing for CPU, not the replicator. The generator, which stands in for producers
+that a deployment runs elsewhere, yields the CPU to the rest (``GENERATOR_NICE``).
+``measure`` with the source topic as its own destination (no replicator) gives the
+floor of the measurement itself.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -50,6 +53,16 @@ _GENERATOR_LINGER_MS = 5
 #: 1.54 / 1.54 to 1.40 / 1.39 cores busy at 315 k rec/s and from 1.28 / 1.25 to 1.15 /
 #: 1.18 at 150 k, latency unchanged (p50 1-2 ms, p99 3-62 ms either way).
 _PACING_TICK_S = _GENERATOR_LINGER_MS / 1000
+#: The generator's CPU priority (a nice value): below what it measures. It stands in for the source's
+#: producers, which a deployment runs on machines of their own; here it shares 2 cores with the replicator and
+#: both brokers, and at half of Ferryman's bulk rate the machine is saturated (1.9+ cores busy). At the default
+#: priority its paced bursts took the CPU the brokers and the replicator needed at that moment, and that
+#: queueing counted as the replicator's latency. Lower, it runs in their gaps: it still offered 348.6 k of 350 k
+#: rec/s, and the latency starts at the source broker's append time, so its own delays are not in it. The
+#: reader, whose delays are in it, keeps the default priority. Measured at 350 k rec/s, Ferryman, 4 interleaved
+#: pairs (docs/notes.md, session 18): p99 509 / 541 / 363 / 428 ms against 677 / 667 / 764 / 583 at the
+#: default priority, p50 209-229 against 249-276.
+GENERATOR_NICE = 10
 #: Budget for the offered records to reach the source broker after the last produce().
 _FLUSH_BUDGET_S = 30.0
 #: After the offered load ends, records still in flight get at least this long to become visible.
@@ -76,6 +89,8 @@ class LatencyResult:
     record visible to the last."""
     generator_cores: float = math.nan
     """Cores of the process offering the load (its producer threads included), while offering."""
+    generator_priority: str = ""
+    """What ``yield_cpu`` did to the generator's priority, e.g. ``"own session, autogroup nice 10, nice 10"``."""
     reader_cores: float = math.nan
     """Cores of the bench's own process from the first record visible to the last: the
     read_committed reader stamping every record, its consumer threads, the bench's samplers."""
@@ -139,18 +154,48 @@ def _busy_cpu_s(times: Any) -> float:
     return float(sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")))
 
 
+def yield_cpu(nice: int = GENERATOR_NICE) -> str:
+    """Lower this process's CPU priority by ``nice``; returns what was done, for the record.
+
+    With the kernel's autogroup scheduling (``kernel.sched_autogroup_enabled``, on here), CPU is
+    shared between sessions first, and a thread's nice value counts only inside its own session:
+    so the process starts a session of its own and sets that session's nice value
+    (``/proc/self/autogroup``). Its threads' nice value is raised as well, for kernels without
+    autogroup. Threads inherit it, so call this before any starts (librdkafka's, here). Raising a
+    nice value needs no privilege; a step that is refused is skipped and the result says so.
+    """
+    done: list[str] = []
+    try:
+        os.setsid()
+        done.append("own session")
+    except OSError as exc:  # a process group leader cannot: its session is shared, so leave it alone
+        done.append(f"shared session ({exc.strerror})")
+    else:
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(str(nice))
+            done.append(f"autogroup nice {nice}")
+        except OSError as exc:  # no CONFIG_SCHED_AUTOGROUP
+            done.append(f"no autogroup ({exc.strerror})")
+    done.append(f"nice {os.nice(nice)}")
+    return ", ".join(done)
+
+
 def offer(
     bootstrap: str, topic: str, partitions: int, records: int, rate: float, value_bytes: int
-) -> tuple[float, float]:
+) -> tuple[float, float, str]:
     """Produce ``records`` to ``topic`` round-robin over partitions at ``rate`` per second.
 
+    Runs in a process of its own, at a lower priority than what it measures (``yield_cpu``).
+
     Returns:
-        The rate achieved (lower than ``rate`` if this process could not keep up), and
-        this process's CPU seconds (all its threads) while offering.
+        The rate achieved (lower than ``rate`` if this process could not keep up), this
+        process's CPU seconds (all its threads) while offering, and its priority (``yield_cpu``).
 
     Raises:
         KafkaException: a record was not delivered.
     """
+    priority = yield_cpu()
     load = LoadProducer(
         bootstrap,
         # High offered rates: room for a second of records while the broker catches up.
@@ -180,7 +225,7 @@ def offer(
         producer.poll(_PACING_TICK_S)  # pacing of the offered load, not synchronisation
     elapsed = time.monotonic() - start
     load.finish(_FLUSH_BUDGET_S)
-    return (records / elapsed if elapsed > 0 else math.inf), time.process_time() - cpu_start
+    return (records / elapsed if elapsed > 0 else math.inf), time.process_time() - cpu_start, priority
 
 
 def measure(
@@ -227,11 +272,12 @@ def measure(
     )
     error: str | None = None
     achieved = generator_cpu_s = math.nan
+    priority = ""
     try:
         # The load comes from its own process, so the watcher never waits for the GIL.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             offered = pool.submit(offer, source, source_topic, partitions, records, rate, value_bytes)
-            achieved, generator_cpu_s = offered.result()
+            achieved, generator_cpu_s, priority = offered.result()
         watcher.done.wait(max(0.0, deadline - time.monotonic()))
     except KafkaException as exc:
         error = f"offered load: {exc}"
@@ -252,5 +298,6 @@ def measure(
         error=error or watcher.error,
         machine_busy_cores=(last.machine_s - first[0].machine_s) / window if window > 0 else math.nan,
         generator_cores=generator_cpu_s * achieved / records,
+        generator_priority=priority,
         reader_cores=(last.own_s - first[0].own_s) / window if window > 0 else math.nan,
     )

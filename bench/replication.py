@@ -728,7 +728,8 @@ def _latency_phase(
     )
     _log(
         f"{label}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms; "
-        f"machine {lat.machine_busy_cores:.2f} cores busy, load and reader {lat.rig_cores:.2f}"
+        f"machine {lat.machine_busy_cores:.2f} cores busy, load and reader {lat.rig_cores:.2f} "
+        f"(generator: {lat.generator_priority or 'priority unknown'})"
     )
     return lat
 
