@@ -61,7 +61,8 @@ _PACING_TICK_S = _GENERATOR_LINGER_MS / 1000
 #: rec/s, and the latency starts at the source broker's append time, so its own delays are not in it. The
 #: reader, whose delays are in it, keeps the default priority. Measured at 350 k rec/s, Ferryman, 4 interleaved
 #: pairs (docs/notes.md, session 18): p99 509 / 541 / 363 / 428 ms against 677 / 667 / 764 / 583 at the
-#: default priority, p50 209-229 against 249-276.
+#: default priority, p50 209-229 against 249-276. The lower priority is what does it: in a session of its own at
+#: nice 0 it gave 543 / 560 / 852 against 376 / 430 / 527 at nice 10 (3 pairs).
 GENERATOR_NICE = 10
 #: Budget for the offered records to reach the source broker after the last produce().
 _FLUSH_BUDGET_S = 30.0
