@@ -161,9 +161,14 @@ def yield_cpu(nice: int = GENERATOR_NICE) -> str:
     With the kernel's autogroup scheduling (``kernel.sched_autogroup_enabled``, on here), CPU is
     shared between sessions first, and a thread's nice value counts only inside its own session:
     so the process starts a session of its own and sets that session's nice value
-    (``/proc/self/autogroup``). Its threads' nice value is raised as well, for kernels without
-    autogroup. Threads inherit it, so call this before any starts (librdkafka's, here). Raising a
-    nice value needs no privilege; a step that is refused is skipped and the result says so.
+    (``/proc/self/autogroup``; a new session's starts at 0). Its threads' nice value is raised as
+    well, for kernels without autogroup. Threads inherit it, so call this before any starts
+    (librdkafka's, here). Raising a nice value needs no privilege; a step that is refused is
+    skipped and the result says so.
+
+    A session of its own is also out of reach of the terminal: a ^C during a latency phase stops
+    the bench, whose executor then waits for the generator to finish its load (at most the phase's
+    length and its flush budget).
     """
     done: list[str] = []
     try:
