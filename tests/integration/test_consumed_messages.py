@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
@@ -40,6 +41,9 @@ def test_consumed_messages_are_read_directly_and_encode_as_their_accessors_say(
     topic = unique_name("consumed")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     producer = Producer({"bootstrap.servers": source_cluster.bootstrap_servers})
+    # Explicit create times, recent: the broker's time-based retention (7 days by
+    # default) deletes a segment whose newest record is older, whenever its check runs.
+    base_ts = int(time.time() * 1000) - 3_600_000
     for i, p in itertools.product(range(PER_PARTITION), range(PARTITIONS)):
         headers: list[tuple[str, str | bytes | None]] | None = [("h", b"%d" % i), ("n", None)] if i % 3 == 0 else None
         producer.produce(
@@ -48,7 +52,7 @@ def test_consumed_messages_are_read_directly_and_encode_as_their_accessors_say(
             key=b"k" if i % 2 else None,
             partition=p,
             headers=headers,
-            timestamp=1_700_000_000_000 + i,
+            timestamp=base_ts + i,
         )
     assert producer.flush(30) == 0
     msgs = _consume_all(source_cluster.bootstrap_servers, topic, PER_PARTITION * PARTITIONS)
