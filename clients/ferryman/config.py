@@ -207,7 +207,8 @@ class WrapperConfig(_Model, frozen=True):
     loop does not wait for these commits (a failed one is covered by the next); the
     commits on shutdown, rewind and partition revocation are waited for."""
     topic_refresh_interval_s: Annotated[float, Meta(gt=0)] = 10.0
-    """How often the source topic list is re-read to pick up new topics."""
+    """How often the source topic list is re-read to pick up new topics. The reads run
+    on a thread of their own, so a source slow to answer does not stop replication."""
     linger_ms: Annotated[int, Meta(ge=0)] = 5
     """Producer linger (librdkafka ``linger.ms``) for staging writes."""
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"

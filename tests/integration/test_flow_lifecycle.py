@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -50,6 +51,45 @@ def test_new_topics_and_partition_growth_are_followed(
             assert_exact_copy(src, dst)
         dadmin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
         assert len(dadmin.list_topics(f"src.{first}", timeout=10).topics[f"src.{first}"].partitions) == 4
+
+
+def test_a_source_slow_to_answer_discovery_does_not_stop_replication(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    prefix = unique_name("slowlist")
+    first = f"{prefix}-a"
+    create_topic(source_cluster.bootstrap_servers, first, 2)
+    _produce(source_cluster.bootstrap_servers, first, 2, 0, 100)
+    gate = tmp_path / "discovery-gate"
+    hook = Path(__file__).parent.parent / "helpers" / "hold_discovery"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+        "FERRYMAN_TEST_DISCOVERY_GATE": str(gate),
+    }
+    flow = unique_name("flow")
+    path = write_flow_config(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"])
+    wrapper = ServiceProcess("wrapper", path, tmp_path, env=env).start()
+    deduper = ServiceProcess("deduper", path, tmp_path, args=["--instance-id", "d1"]).start()
+    try:
+        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
+        # The first periodic discovery (2 s after start) is now held at the source.
+        wait_until(lambda: gate.with_suffix(".held").exists(), timeout_s=60, message="the discovery to be held")
+        _produce(source_cluster.bootstrap_servers, first, 2, 100, 100)
+        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=400, timeout_s=60)
+        assert not gate.exists() and wrapper.alive  # replicated while the discovery was still waiting
+        # Let the source answer: discovery goes on and follows a new topic.
+        gate.touch()
+        second = f"{prefix}-b"
+        create_topic(source_cluster.bootstrap_servers, second, 3)
+        _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
+        for topic in (first, second):
+            src = read_all(source_cluster.bootstrap_servers, topic)
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=_count(src), timeout_s=90)
+            assert_exact_copy(src, dst)
+    finally:
+        gate.touch()
+        wrapper.stop()
+        deduper.stop()
 
 
 def test_recreated_source_topic_is_noticed_and_replicated(

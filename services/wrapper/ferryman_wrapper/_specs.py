@@ -5,13 +5,21 @@ describes the selected source topics (partitions, topic id, replicable configs)
 and publishes them to the flow's compacted topic-spec topic on the destination
 cluster before it sends any envelope of a topic or a new partition of it. The
 deduper creates and grows destination topics from those specs.
+
+A discovery has two steps. ``observe()`` reads the source (list, describe,
+describe configs) and touches nothing shared, so the periodic one runs on a
+thread of its own (``observe_in_background()``): a slow source answer, up to
+the admin timeout, no longer stops the wrapper's loop. ``publish()`` then runs
+on the loop thread, which owns the producer and the published specs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from confluent_kafka import Producer
@@ -20,9 +28,20 @@ from ferryman import topics
 from ferryman.errors import KafkaOperationError
 from ferryman.naming import TopicFilter
 from ferryman.state import spec_key
+from ferryman.topics import TopicInfo
 from ferryman.v1 import state_pb2
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What one observation read at the source."""
+
+    started: float  # time.monotonic() before the first read: orders observations
+    names: list[str]  # the selected topic names the view is about
+    infos: dict[str, TopicInfo]  # those that could be described (a topic may go meanwhile)
+    configs: dict[str, dict[str, str]]  # replicable configs by topic; empty when not replicated
 
 
 @dataclass
@@ -40,19 +59,58 @@ class SpecPublisher:
     def __post_init__(self) -> None:
         self.published: dict[str, state_pb2.TopicSpec] = {}
         self.on_change: Callable[[list[state_pb2.TopicSpec]], None] | None = None
+        # When the observation that last published or confirmed each topic began.
+        self._seen_at: dict[str, float] = {}
 
     def discover(self) -> list[str]:
         """Selected source topics now; publishes specs of new or changed ones."""
-        names = [t for t in topics.list_topic_names(self.source_admin, self.timeout_s) if self.topic_filter.matches(t)]
-        self.refresh(names)
-        return sorted(self.published.keys() & set(names))
+        return self.publish(self.observe())
 
     def refresh(self, names: list[str]) -> None:
         """Describe names at the source and publish every spec that changed."""
+        self.publish(self.observe(names))
+
+    def observe(self, names: list[str] | None = None) -> SourceView:
+        """Read the source: names (default: every topic the filter selects), described.
+
+        Reads only what the constructor set, so any thread may call it.
+        """
+        started = time.monotonic()
+        if names is None:
+            listed = topics.list_topic_names(self.source_admin, self.timeout_s)
+            names = [t for t in listed if self.topic_filter.matches(t)]
         infos = topics.describe_topics(self.source_admin, names, self.timeout_s)
         configs = (
             topics.replicable_configs(self.source_admin, infos.keys(), self.timeout_s) if self.replicate_configs else {}
         )
+        return SourceView(started, names, infos, configs)
+
+    def observe_in_background(self) -> Future[SourceView]:
+        """observe() on a daemon thread of its own; the future holds the view or what the reads raised.
+
+        A daemon, so that a source slow to answer cannot hold up the process's exit.
+        """
+        future: Future[SourceView] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.observe())
+            except BaseException as exc:  # handed to whoever takes the result
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="ferryman-discovery", daemon=True).start()
+        return future
+
+    def publish(self, view: SourceView) -> list[str]:
+        """Publish every spec of view that changed; the selected topics with a published spec.
+
+        Call it on the thread that owns the producer. A topic that a later
+        observation has already published or confirmed keeps that spec: a view
+        read before a topic was re-created must not bring back its old id.
+        """
+        infos = {n: i for n, i in view.infos.items() if view.started >= self._seen_at.get(n, view.started)}
         changed = []
         errors: list[str] = []
 
@@ -66,7 +124,7 @@ class SpecPublisher:
                 topic=name,
                 topic_id=info.topic_id,
                 partitions=info.partitions,
-                configs=configs.get(name, {}),
+                configs=view.configs.get(name, {}),
             )
             old = self.published.get(name)
             if (
@@ -84,8 +142,14 @@ class SpecPublisher:
                 on_delivery=on_delivery,
             )
             changed.append(spec)
-        if not changed:
-            return
+        if changed:
+            self._confirm(changed, errors)
+        for name in infos:
+            self._seen_at[name] = view.started
+        return sorted(self.published.keys() & set(view.names))
+
+    def _confirm(self, changed: list[state_pb2.TopicSpec], errors: list[str]) -> None:
+        """Wait until the destination has the changed specs, then record and announce them."""
         remaining = self.producer.flush(self.timeout_s)
         if remaining or errors:
             raise KafkaOperationError(

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -47,7 +48,7 @@ from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
 from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
 from ferryman_wrapper._progress import ProgressTracker
-from ferryman_wrapper._specs import SpecPublisher
+from ferryman_wrapper._specs import SourceView, SpecPublisher
 
 _log = logging.getLogger(__name__)
 
@@ -253,6 +254,7 @@ class Wrapper:
         next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
         next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
         next_progress = 0.0
+        discovery: Future[SourceView] | None = None  # the periodic source reads run off this thread
         timeout = self._wc.poll_timeout_ms / 1000
         while not self._stop.is_set():
             if self._fatal is not None:
@@ -275,11 +277,15 @@ class Wrapper:
             if self._links and now >= next_progress:
                 self._send_progress()
                 next_progress = now + self._wc.progress_interval_s
-            if now >= next_refresh:
-                names = self._specs.discover()
+            if discovery is not None and discovery.done():
+                # result() raises what the source reads raised, as a discovery on this thread would.
+                names = self._specs.publish(discovery.result())
                 if names != self._subscribed:
                     self._subscribe(names)
+                discovery = None
                 next_refresh = now + self._wc.topic_refresh_interval_s
+            elif discovery is None and now >= next_refresh:
+                discovery = self._specs.observe_in_background()
 
     def _close(self) -> None:
         """Drain in order: flush staging writes, commit acknowledged offsets, close."""
