@@ -190,6 +190,7 @@ def running_flow(
     *,
     flow: str,
     topics: Sequence[str],
+    wrapper_env: Mapping[str, str] | None = None,
     **config: Any,
 ) -> Iterator[RunningFlow]:
     """Write a one-flow configuration, start a wrapper and a deduper (instance ``d1``), stop both on exit.
@@ -200,10 +201,11 @@ def running_flow(
         log_dir: where the configuration file and the service logs go.
         flow: the flow's name.
         topics: the flow's topic patterns.
+        wrapper_env: more environment for the wrapper process.
         **config: more ``flow_config`` arguments (``wrapper=``, ``deduper=``, ``extra_flow=``, ...).
     """
     path = write_flow_config(source, destination, log_dir, flow=flow, topics=topics, **config)
-    wrapper = ServiceProcess("wrapper", path, log_dir).start()
+    wrapper = ServiceProcess("wrapper", path, log_dir, env=wrapper_env).start()
     deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", "d1"]).start()
     try:
         yield RunningFlow(path, wrapper, deduper)

@@ -24,6 +24,13 @@ def _produce(bootstrap: str, topic: str, partitions: int, start: int, count: int
     assert p.flush(30) == 0
 
 
+def _seed_topic(source: KafkaCluster, topic: str) -> str:
+    """Create topic with 2 partitions and 100 records in each; return its name."""
+    create_topic(source.bootstrap_servers, topic, 2)
+    _produce(source.bootstrap_servers, topic, 2, 0, 100)
+    return topic
+
+
 def _count(recs: Mapping[int, Sequence[object]]) -> int:
     return sum(len(v) for v in recs.values())
 
@@ -32,9 +39,7 @@ def test_new_topics_and_partition_growth_are_followed(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     prefix = unique_name("grow")
-    first = f"{prefix}-a"
-    create_topic(source_cluster.bootstrap_servers, first, 2)
-    _produce(source_cluster.bootstrap_servers, first, 2, 0, 100)
+    first = _seed_topic(source_cluster, f"{prefix}-a")
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[f"{prefix}-.*"]):
         read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
         # A new topic matching the pattern, and two more partitions on the first one.
@@ -57,9 +62,7 @@ def test_a_source_slow_to_answer_discovery_does_not_stop_replication(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     prefix = unique_name("slowlist")
-    first = f"{prefix}-a"
-    create_topic(source_cluster.bootstrap_servers, first, 2)
-    _produce(source_cluster.bootstrap_servers, first, 2, 0, 100)
+    first = _seed_topic(source_cluster, f"{prefix}-a")
     gate = tmp_path / "discovery-gate"
     hook = Path(__file__).parent.parent / "helpers" / "hold_discovery"
     env = {
@@ -67,29 +70,29 @@ def test_a_source_slow_to_answer_discovery_does_not_stop_replication(
         "FERRYMAN_TEST_DISCOVERY_GATE": str(gate),
     }
     flow = unique_name("flow")
-    path = write_flow_config(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"])
-    wrapper = ServiceProcess("wrapper", path, tmp_path, env=env).start()
-    deduper = ServiceProcess("deduper", path, tmp_path, args=["--instance-id", "d1"]).start()
-    try:
-        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
-        # The first periodic discovery (2 s after start) is now held at the source.
-        wait_until(lambda: gate.with_suffix(".held").exists(), timeout_s=60, message="the discovery to be held")
-        _produce(source_cluster.bootstrap_servers, first, 2, 100, 100)
-        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=400, timeout_s=60)
-        assert not gate.exists() and wrapper.alive  # replicated while the discovery was still waiting
-        # Let the source answer: discovery goes on and follows a new topic.
-        gate.touch()
-        second = f"{prefix}-b"
-        create_topic(source_cluster.bootstrap_servers, second, 3)
-        _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
-        for topic in (first, second):
-            src = read_all(source_cluster.bootstrap_servers, topic)
-            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=_count(src), timeout_s=90)
-            assert_exact_copy(src, dst)
-    finally:
-        gate.touch()
-        wrapper.stop()
-        deduper.stop()
+    with running_flow(
+        source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"], wrapper_env=env
+    ) as f:
+        try:
+            read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
+            # The first periodic discovery (2 s after start) is now held at the source.
+            wait_until(lambda: gate.with_suffix(".held").exists(), timeout_s=60, message="the discovery to be held")
+            _produce(source_cluster.bootstrap_servers, first, 2, 100, 100)
+            read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=400, timeout_s=60)
+            assert not gate.exists() and f.wrapper.alive  # replicated while the discovery was still waiting
+            # Let the source answer: discovery goes on and follows a new topic.
+            gate.touch()
+            second = f"{prefix}-b"
+            create_topic(source_cluster.bootstrap_servers, second, 3)
+            _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
+            for topic in (first, second):
+                src = read_all(source_cluster.bootstrap_servers, topic)
+                dst = read_all(
+                    destination_cluster.bootstrap_servers, f"src.{topic}", expected=_count(src), timeout_s=90
+                )
+                assert_exact_copy(src, dst)
+        finally:
+            gate.touch()  # before the flow stops: a held wrapper would otherwise wait out its hold limit
 
 
 def test_recreated_source_topic_is_noticed_and_replicated(
