@@ -141,6 +141,7 @@ def test_aborted_source_transactions_are_never_replicated(
                 topic, value=f"b{batch}-{i}-{'abort' if batch % 3 == 1 else 'keep'}".encode(), partition=i % PARTITIONS
             )
         if batch % 3 == 1:
+            assert p.flush(30) == 0  # written, then aborted (an abort before that may be refused, and skips nothing)
             p.abort_transaction(30)
         else:
             p.commit_transaction(30)
