@@ -180,6 +180,17 @@ FLOOR_ROW = "(no replicator)"
 #: A latency phase that kept the machine this busy (share of its cores) measured queueing for CPU.
 SATURATED_SHARE = 0.9
 
+#: A latency phase whose generator delivered less than this share of the offered load measured a lighter one.
+SHORT_LOAD_SHARE = 0.99
+
+
+def _named_latencies(results: Sequence[RowResult], floor: LatencyResult | None) -> list[tuple[str, LatencyResult]]:
+    """Each row's latency phase by row name, then the floor's (nothing replicating) if there is one."""
+    named = [(r.row, r.latency) for r in results if r.latency is not None]
+    if floor is not None:
+        named.append((FLOOR_ROW, floor))
+    return named
+
 
 def latency_table(
     results: Sequence[RowResult], floor: LatencyResult | None = None
@@ -202,9 +213,7 @@ def latency_table(
     ]
     copy = _ok(results, "copyloop")
     copy_cpu = copy.latency.replicator_cpu_s_per_m if copy and copy.latency else None
-    named = [(r.row, r.latency) for r in results if r.latency is not None]
-    if floor is not None:
-        named.append((FLOOR_ROW, floor))
+    named = _named_latencies(results, floor)
     cells = [
         [
             name,
@@ -237,6 +246,13 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
             "CPU as much as the replicator; 'load+reader cores' is the measurement's own share, and "
             f"{FLOOR_ROW} the latency of the load and the reader alone."
         )
+    lines.extend(
+        f"{name}: the generator delivered {lat.achieved_rate / lat.offered_rate:.0%} of the offered load "
+        f"({lat.achieved_rate:,.0f} of {lat.offered_rate:,.0f} rec/s): it runs below what it measures and was "
+        "left short of CPU, so this row's latency is for a lighter load than the others'"
+        for name, lat in _named_latencies(results, floor)
+        if lat.achieved_rate < SHORT_LOAD_SHARE * lat.offered_rate
+    )
     if floor is not None and (not floor.complete or floor.error):
         lines.append(f"{FLOOR_ROW}: {floor.visible:,} of {floor.records:,} visible ({floor.error or 'timeout'})")
     if any(r.throughput and r.throughput.short_window for r in results):

@@ -20,11 +20,17 @@ from bench.results import RowResult, Throughput
 
 
 def _latency(
-    *, busy: float, generator: float = 0.4, reader: float = 0.3, visible: int = 1000, replicator_cpu_s: float = math.nan
+    *,
+    busy: float,
+    generator: float = 0.4,
+    reader: float = 0.3,
+    visible: int = 1000,
+    replicator_cpu_s: float = math.nan,
+    achieved_rate: float = 149_990.0,
 ) -> LatencyResult:
     return LatencyResult(
         offered_rate=150_000.0,
-        achieved_rate=149_990.0,
+        achieved_rate=achieved_rate,
         records=1000,
         visible=visible,
         duplicates=0,
@@ -68,6 +74,17 @@ def test_a_saturated_phase_is_flagged_and_a_quiet_one_is_not() -> None:
     quiet = footnotes([_row("ferryman", _latency(busy=0.5 * cores))])
     assert any("queueing for CPU" in line for line in saturated)
     assert not any("queueing for CPU" in line for line in quiet)
+
+
+def test_a_phase_the_generator_offered_short_is_flagged_and_a_full_one_is_not() -> None:
+    lines = footnotes(
+        [_row("ferryman", _latency(busy=1.0, achieved_rate=128_250.0)), _row("copyloop", _latency(busy=1.0))]
+    )
+    short = [line for line in lines if "of the offered load" in line]
+    assert short == [
+        "ferryman: the generator delivered 86% of the offered load (128,250 of 150,000 rec/s): it runs below what it "
+        "measures and was left short of CPU, so this row's latency is for a lighter load than the others'"
+    ]
 
 
 def test_an_incomplete_floor_is_reported() -> None:
