@@ -239,8 +239,8 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
     """What the marks in the tables mean, and why rows failed or were unavailable."""
     lines = []
     cores = os.cpu_count() or 1
-    latencies = [r.latency for r in results if r.latency is not None] + ([floor] if floor else [])
-    if any(lat.machine_busy_cores >= SATURATED_SHARE * cores for lat in latencies):
+    named = _named_latencies(results, floor)
+    if any(lat.machine_busy_cores >= SATURATED_SHARE * cores for _, lat in named):
         lines.append(
             f"latency: a phase that kept the machine {SATURATED_SHARE:.0%} busy or more measured queueing for "
             "CPU as much as the replicator; 'load+reader cores' is the measurement's own share, and "
@@ -250,7 +250,7 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
         f"{name}: the generator delivered {lat.achieved_rate / lat.offered_rate:.0%} of the offered load "
         f"({lat.achieved_rate:,.0f} of {lat.offered_rate:,.0f} rec/s): it runs below what it measures and was "
         "left short of CPU, so this row's latency is for a lighter load than the others'"
-        for name, lat in _named_latencies(results, floor)
+        for name, lat in named
         if lat.achieved_rate < SHORT_LOAD_SHARE * lat.offered_rate
     )
     if floor is not None and (not floor.complete or floor.error):

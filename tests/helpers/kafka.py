@@ -91,6 +91,16 @@ def unique_name(test_name: str, prefix: str) -> str:
     return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}" if test else f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def recent_create_time_ms() -> int:
+    """A create time for records a test sets explicitly: an hour ago.
+
+    The local clusters check retention every second and keep 7 days by default, and
+    time retention judges a segment by its newest create time (the active segment
+    included): records dated further back can be deleted between the write and the read.
+    """
+    return int(time.time() * 1000) - 3_600_000
+
+
 def wait_until(
     predicate: Callable[[], T], timeout_s: float, interval_s: float = _POLL_INTERVAL_S, message: str = "condition"
 ) -> T:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import itertools
 import operator
-import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from ferryman import _batchcodec, envelope
 
-from tests.helpers.kafka import KafkaCluster, create_topic
+from tests.helpers.kafka import KafkaCluster, create_topic, recent_create_time_ms
 
 PARTITIONS = 3
 PER_PARTITION = 200
@@ -41,9 +40,7 @@ def test_consumed_messages_are_read_directly_and_encode_as_their_accessors_say(
     topic = unique_name("consumed")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     producer = Producer({"bootstrap.servers": source_cluster.bootstrap_servers})
-    # Explicit create times, recent: the broker's time-based retention (7 days by
-    # default) deletes a segment whose newest record is older, whenever its check runs.
-    base_ts = int(time.time() * 1000) - 3_600_000
+    base_ts = recent_create_time_ms()  # explicit create times the retention keeps
     for i, p in itertools.product(range(PER_PARTITION), range(PARTITIONS)):
         headers: list[tuple[str, str | bytes | None]] | None = [("h", b"%d" % i), ("n", None)] if i % 3 == 0 else None
         producer.produce(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +12,15 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from ferryman.config import load_config
 from ferryman.naming import FlowNames
 
-from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.kafka import (
+    KafkaCluster,
+    assert_exact_copy,
+    create_topic,
+    produce_sequences,
+    read_all,
+    recent_create_time_ms,
+    wait_until,
+)
 from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
@@ -30,8 +37,7 @@ def _produce_mixed(bootstrap: str, topic: str, per_partition: int) -> int:
         {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "message.max.bytes": 2_000_000}
     )
     n = 0
-    # Explicit create times, recent enough that the topic's retention keeps them.
-    base_ts = int(time.time() * 1000) - 3_600_000
+    base_ts = recent_create_time_ms()  # explicit create times the retention keeps
     for i in range(per_partition):
         for part in range(PARTITIONS):
             key = None if i % 7 == 0 else f"k{i}".encode()

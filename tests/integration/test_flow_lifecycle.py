@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -63,25 +65,33 @@ def test_a_source_slow_to_answer_discovery_does_not_stop_replication(
 ) -> None:
     prefix = unique_name("slowlist")
     first = _seed_topic(source_cluster, f"{prefix}-a")
-    gate = tmp_path / "discovery-gate"
+    held = tmp_path / "discovery-held"
     hook = Path(__file__).parent.parent / "helpers" / "hold_discovery"
     env = {
         "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
-        "FERRYMAN_TEST_DISCOVERY_GATE": str(gate),
+        "FERRYMAN_TEST_DISCOVERY_HELD": str(held),
     }
     flow = unique_name("flow")
     with running_flow(
         source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"], wrapper_env=env
     ) as f:
+
+        def release() -> None:
+            """Let the held listing go on (the hook waits for SIGUSR1)."""
+            if f.wrapper.proc is not None and f.wrapper.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(f.wrapper.proc.pid, signal.SIGUSR1)
+
         try:
             read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
             # The first periodic discovery (2 s after start) is now held at the source.
-            wait_until(lambda: gate.with_suffix(".held").exists(), timeout_s=60, message="the discovery to be held")
+            wait_until(held.exists, timeout_s=60, message="the discovery to be held")
             _produce(source_cluster.bootstrap_servers, first, 2, 100, 100)
             read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=400, timeout_s=60)
-            assert not gate.exists() and f.wrapper.alive  # replicated while the discovery was still waiting
+            # Replicated while the discovery was still waiting.
+            assert not held.with_suffix(".released").exists() and f.wrapper.alive
             # Let the source answer: discovery goes on and follows a new topic.
-            gate.touch()
+            release()
             second = f"{prefix}-b"
             create_topic(source_cluster.bootstrap_servers, second, 3)
             _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
@@ -92,7 +102,7 @@ def test_a_source_slow_to_answer_discovery_does_not_stop_replication(
                 )
                 assert_exact_copy(src, dst)
         finally:
-            gate.touch()  # before the flow stops: a held wrapper would otherwise wait out its hold limit
+            release()  # before the flow stops: a held wrapper would otherwise wait out its hold limit
 
 
 def test_recreated_source_topic_is_noticed_and_replicated(
