@@ -9,7 +9,6 @@ queue, a producer in an error state, an entry of a type it does not take),
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from ferryman import _rdproduce, rowproduce
 
 from tests.helpers.bench import micro_benchmark_lines
-from tests.helpers.kafka import KafkaCluster, create_topic
+from tests.helpers.kafka import KafkaCluster, create_topic, recent_create_time_ms
 
 Row = tuple[bytes | None, bytes | None, int, Any]  # value, key, timestamp, headers (as consumed)
 
@@ -54,8 +53,8 @@ def _columns(n: int) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """Every shape a consumed record can have: null and empty keys and values, headers with null values."""
     values = [None if i % 7 == 0 else b"" if i % 11 == 0 else b"value-%d" % i * (1 + i % 5) for i in range(n)]
     keys = [None if i % 2 else b"" if i % 9 == 0 else b"key-%d" % i for i in range(n)]
-    now_ms = int(time.time() * 1000)  # recent: the broker's time-based retention would delete old ones
-    stamps = [now_ms - n + i for i in range(n)]
+    base_ms = recent_create_time_ms()
+    stamps = [base_ms + i for i in range(n)]
     headers: list[list[tuple[str, bytes | None]] | None] = [
         None if i % 3 else [("trace", b"t%d" % i), ("null", None), ("empty", b""), ("ünï", b"\x00\xff")]
         for i in range(n)
@@ -125,7 +124,7 @@ def test_entries_the_direct_path_does_not_take_go_through_produce(
     create_topic(source_cluster.bootstrap_servers, topic, 1)
     values: list[Any] = [b"a", "text", b"c", b"d", b"e", b"f"]
     keys: list[Any] = [b"k", b"k", "str-key", b"k", b"k", b"k"]
-    t = int(time.time() * 1000)
+    t = recent_create_time_ms()
     stamps: list[Any] = [t + 1, t + 2, t + 3, t + 4, 2**70, t + 6]
     many = [(f"h{i}", b"x") for i in range(80)]
     headers: list[Any] = [None, None, None, many, None, [("s", "str-value")]]
@@ -182,7 +181,7 @@ def test_a_header_name_utf8_cannot_encode_raises_after_the_rows_before_it(
     create_topic(source_cluster.bootstrap_servers, topic, 1)
     producer = _producer(source_cluster.bootstrap_servers, "ferryman-utf8-test")
     headers: list[Any] = [None, [("\udc80", b"v")]]
-    stamp = int(time.time() * 1000)
+    stamp = recent_create_time_ms()
     with pytest.raises(UnicodeEncodeError):
         _rdproduce.produce_rows(producer, topic, 0, [b"a", b"b"], [None, None], [stamp, stamp], headers, 0, 2)
     assert producer.flush(30) == 0
