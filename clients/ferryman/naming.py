@@ -65,6 +65,7 @@ class FlowNames:
     state_topic: str
     specs_topic: str
     offset_map_topic: str
+    audit_topic: str
     wrapper_group: str
     deduper_group: str
 
@@ -78,6 +79,7 @@ class FlowNames:
             state_topic=f"{base}.state.internal",
             specs_topic=f"{base}.topics.internal",
             offset_map_topic=f"{base}.offset-map.internal",
+            audit_topic=f"{base}.audit.internal",
             wrapper_group=wrapper_group or f"ferryman-wrapper.{flow.name}",
             deduper_group=deduper_group or f"ferryman-deduper.{flow.name}",
         )

@@ -1,0 +1,294 @@
+"""The two alignments of one source partition's records with their copies, and what each finds.
+
+Pure functions over numpy columns: the audit job hands each partition's rows to
+``classify`` on an executor. Records are compared by a 128-bit content hash
+(two independent 64-bit hashes of key, value, headers, timestamp and timestamp
+type, nulls told apart from empty values), computed by Spark.
+
+*By content* (works without the offset map): the k-th copy of a content at the
+destination is the k-th occurrence of that content in the expected records.
+Unmatched records are then placed in the gaps between matched ones: in one gap,
+an expected record and a destination record of unknown content are one
+**altered** record; expected records left over are **missing**; destination
+records left over are **duplicated** when their content is expected, else
+**unexpected**. Destination records after the last match that are copies of
+source records past the range (the lookahead) belong to a later audit.
+
+*By the offset map*: each expected record's mapped destination offset is looked
+up; a copy with other content is altered, no mapping or no copy is missing, and
+destination records no mapping points at are duplicated or unexpected as above.
+
+**Reordered** counts, in both, the fewest records that must move to restore the
+source order (records minus the longest run in order).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, fields
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+Int64s = npt.NDArray[np.int64]
+
+
+class Side(IntEnum):
+    """What a row handed to ``classify`` is."""
+
+    EXPECTED = 0
+    """A source record in the range."""
+    FOUND = 1
+    """A destination record in the window."""
+    LOOKAHEAD = 2
+    """A source record past the range, whose copy may already be in the window."""
+    MAPPED = 3
+    """An offset-map entry: ``offset`` is the source offset, ``mapped`` the destination offset."""
+
+
+class Leading(IntEnum):
+    """What destination records before the first match are, when they match nothing expected."""
+
+    COUNT = 0
+    """Faults like any other: the window starts exactly where the range's copies start."""
+    UNVERIFIABLE = 1
+    """Copies of source records retention or compaction removed: reported apart."""
+    IGNORE = 2
+    """Copies of records before an explicit range: outside the audit."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one alignment found in one partition."""
+
+    found: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    altered: int = 0
+    unexpected: int = 0
+    unverifiable: int = 0
+
+    def faults(self) -> tuple[int, int, int, int, int]:
+        """(missing, duplicated, reordered, altered, unexpected): what two alignments must agree on."""
+        return (self.missing, self.duplicated, self.reordered, self.altered, self.unexpected)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One partition's rows, by side, each sorted by offset."""
+
+    expected_offsets: Int64s
+    expected_hashes: npt.NDArray[np.void]
+    found_offsets: Int64s
+    found_hashes: npt.NDArray[np.void]
+    lookahead_hashes: npt.NDArray[np.void]
+    map_source: Int64s
+    map_destination: Int64s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Both alignments of one partition, and where the next incremental audit starts at the destination."""
+
+    content: Counts
+    by_map: Counts | None
+    """None when the partition has no offset-map entries for its expected records."""
+    next_destination_offset: int
+    """First destination offset not accounted for (copies of lookahead records start there), or -1: the window end."""
+    samples: dict[str, list[int]]
+    """A few offsets of each kind of fault (source offsets for missing/altered, destination ones otherwise)."""
+
+
+#: Offsets kept per kind of fault in a report (enough to start looking, small in a compacted record).
+SAMPLES = 10
+
+
+def hashes(h1: npt.ArrayLike, h2: npt.ArrayLike) -> npt.NDArray[np.void]:
+    """One 16-byte key per record from its two 64-bit content hashes (comparable and sortable as a whole)."""
+    pair = np.empty(len(np.asarray(h1)), dtype=[("a", "<i8"), ("b", "<i8")])
+    pair["a"], pair["b"] = h1, h2
+    return pair.view("V16")
+
+
+def classify(rows: Rows, leading: Leading, range_start: int, range_end: int) -> Outcome:
+    """Align one partition both ways and count what each finds.
+
+    ``[range_start, range_end)`` is the audited source range: offset-map entries
+    inside it whose source record is gone (compacted away since it was copied)
+    make their copies unverifiable, in both alignments.
+    """
+    by_map, gone = _by_map(rows, range_start, range_end)
+    content, next_destination, samples = _by_content(rows, leading, gone)
+    return Outcome(content, by_map, next_destination, samples)
+
+
+def _occurrences(keys: npt.NDArray[np.void]) -> Int64s:
+    """For each key, how many equal keys come before it (0 for the first occurrence)."""
+    n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - run_start
+    return out
+
+
+def _keyed(keys: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+    """Each key with its occurrence number: unique, so two sides intersect one to one."""
+    out = np.empty(len(keys), dtype=[("h", "V16"), ("k", "<i8")])
+    out["h"], out["k"] = keys, _occurrences(keys)
+    return out
+
+
+def _match(left: npt.NDArray[np.void], right: npt.NDArray[np.void]) -> tuple[Int64s, Int64s]:
+    """Indices (i, j) pairing the k-th occurrence of a key in left with its k-th occurrence in right."""
+    if not len(left) or not len(right):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _common, i, j = np.intersect1d(_keyed(left), _keyed(right), assume_unique=True, return_indices=True)
+    return i.astype(np.int64), j.astype(np.int64)
+
+
+def out_of_order(sequence: Int64s) -> int:
+    """The fewest elements to move so that sequence increases: its length minus its longest increasing run."""
+    if len(sequence) < 2 or bool(np.all(sequence[1:] > sequence[:-1])):
+        return 0
+    tails: list[int] = []
+    for x in sequence.tolist():
+        at = bisect.bisect_left(tails, x)
+        if at == len(tails):
+            tails.append(x)
+        else:
+            tails[at] = x
+    return len(sequence) - len(tails)
+
+
+def _leftovers(
+    unmatched_expected_gaps: Int64s, other_found_gaps: Int64s, n_gaps: int
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Which unmatched expected and found records pair up as altered (the first of each gap, in order)."""
+    ce = np.bincount(unmatched_expected_gaps, minlength=n_gaps)
+    cf = np.bincount(other_found_gaps, minlength=n_gaps)
+    pairs = np.minimum(ce, cf)
+    return _first_per_gap(unmatched_expected_gaps, pairs), _first_per_gap(other_found_gaps, pairs)
+
+
+def _first_per_gap(gaps: Int64s, take: Int64s) -> npt.NDArray[np.bool_]:
+    """Mask of the first take[g] entries of each gap g (gaps are sorted)."""
+    if not len(gaps):
+        return np.zeros(0, dtype=bool)
+    first = np.searchsorted(gaps, gaps, side="left")
+    return (np.arange(len(gaps)) - first) < take[gaps]
+
+
+def _by_content(rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_]) -> tuple[Counts, int, dict[str, list[int]]]:
+    eo, eh, fo, fh = rows.expected_offsets, rows.expected_hashes, rows.found_offsets, rows.found_hashes
+    ei, fi = _match(eh, fh)
+    order = np.argsort(eo[ei], kind="stable")
+    ei, fi = ei[order], fi[order]
+    reordered = out_of_order(fo[fi])
+    matched_e = np.zeros(len(eo), dtype=bool)
+    matched_e[ei] = True
+    matched_f = np.zeros(len(fo), dtype=bool)
+    matched_f[fi] = True
+    matched_f_offsets = np.sort(fo[fi])
+    last_match = int(matched_f_offsets[-1]) if len(fi) else -1
+    first_match = int(matched_f_offsets[0]) if len(fi) else None
+
+    # Destination records past the last match that copy lookahead records belong to a later audit.
+    f_left = np.flatnonzero(~matched_f)
+    trailing = f_left[fo[f_left] > last_match]
+    deferred = np.zeros(len(fo), dtype=bool)
+    if len(trailing) and len(rows.lookahead_hashes):
+        ti, _li = _match(fh[trailing], rows.lookahead_hashes)
+        deferred[trailing[ti]] = True
+    next_destination = int(fo[deferred].min()) if deferred.any() else -1
+    # Accounted destination records must end before the first deferred one: copies come in order.
+    if next_destination >= 0:
+        deferred |= fo >= next_destination
+        deferred &= ~matched_f
+
+    unverifiable = int((gone & ~matched_f & ~deferred).sum())
+    f_left = np.flatnonzero(~matched_f & ~deferred & ~gone)
+    if leading is not Leading.COUNT:
+        before = fo[f_left] < (first_match if first_match is not None else np.iinfo(np.int64).max)
+        if leading is Leading.UNVERIFIABLE:
+            unverifiable += int(before.sum())
+        f_left = f_left[~before]
+
+    expected_set = np.unique(eh)
+    dup = np.isin(fh[f_left], expected_set) if len(f_left) else np.zeros(0, dtype=bool)
+    others = f_left[~dup]
+    e_left = np.flatnonzero(~matched_e)
+    matched_e_offsets = np.sort(eo[ei])
+    e_gaps = np.searchsorted(matched_e_offsets, eo[e_left]).astype(np.int64)
+    f_gaps = np.searchsorted(matched_f_offsets, fo[others]).astype(np.int64)
+    altered_e, altered_f = _leftovers(e_gaps, f_gaps, len(ei) + 1)
+    counts = Counts(
+        found=len(ei),
+        missing=int((~altered_e).sum()),
+        duplicated=int(dup.sum()),
+        reordered=reordered,
+        altered=int(altered_e.sum()),
+        unexpected=int((~altered_f).sum()),
+        unverifiable=unverifiable,
+    )
+    samples = {
+        "missing": eo[e_left[~altered_e]][:SAMPLES].tolist(),
+        "altered": eo[e_left[altered_e]][:SAMPLES].tolist(),
+        "duplicated": fo[f_left[dup]][:SAMPLES].tolist(),
+        "unexpected": fo[others[~altered_f]][:SAMPLES].tolist(),
+    }
+    if reordered:
+        samples["reordered"] = _moved(fo[fi])[:SAMPLES]
+    return counts, next_destination, {k: v for k, v in samples.items() if v}
+
+
+def _moved(sequence: Int64s) -> list[int]:
+    """Elements of sequence that are smaller than an element before them (where the order breaks)."""
+    running_max = np.maximum.accumulate(sequence)
+    moved: list[int] = sequence[1:][sequence[1:] < running_max[:-1]].tolist()
+    return moved
+
+
+def _by_map(rows: Rows, range_start: int, range_end: int) -> tuple[Counts | None, npt.NDArray[np.bool_]]:
+    """The map alignment, and which destination records copy source records that are gone."""
+    eo, eh, fo, fh = rows.expected_offsets, rows.expected_hashes, rows.found_offsets, rows.found_hashes
+    ms, md = rows.map_source, rows.map_destination
+    in_range = np.isin(ms, eo) if len(eo) else np.zeros(len(ms), dtype=bool)
+    # Mappings of source offsets in the range with no source record: compacted away since they were copied.
+    gone = (~in_range) & (ms >= range_start) & (ms < range_end)
+    gone_copies = np.isin(fo, md[gone])
+    if not in_range.any():
+        return None, gone_copies
+    e_pos = np.searchsorted(eo, ms[in_range])
+    f_pos = np.searchsorted(fo, md[in_range])
+    f_pos_clipped = np.minimum(f_pos, max(len(fo) - 1, 0))
+    copied = (f_pos < len(fo)) & (fo[f_pos_clipped] == md[in_range]) if len(fo) else np.zeros(len(e_pos), bool)
+    same = np.zeros(len(e_pos), dtype=bool)
+    same[copied] = eh[e_pos[copied]] == fh[f_pos_clipped[copied]]
+    mapped_e = np.zeros(len(eo), dtype=bool)
+    mapped_e[e_pos[copied]] = True
+    order = np.argsort(ms[in_range][copied], kind="stable")
+    reordered = out_of_order(md[in_range][copied][order])
+    loose = ~np.isin(fo, md)
+    dup = np.isin(fh[loose], np.unique(eh)) if loose.any() else np.zeros(0, dtype=bool)
+    counts = Counts(
+        found=int(same.sum()),
+        missing=int((~mapped_e).sum()),
+        duplicated=int(dup.sum()),
+        reordered=reordered,
+        altered=int((copied & ~same).sum()),
+        unexpected=int((~dup).sum()),
+        unverifiable=int(gone_copies.sum()),
+    )
+    return counts, gone_copies
