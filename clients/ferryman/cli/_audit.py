@@ -1,0 +1,288 @@
+"""``ferryman audit``: run an audit of a flow, list past audits, show one.
+
+The audit engine (``ferryman_auditor``: PySpark, pyarrow) is imported only
+when a command needs it, so the rest of the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ferryman.cli._common import (
+    EXIT_FAILED,
+    EXIT_FINDING,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigOption,
+    FlowOption,
+    OutputOption,
+    check_output,
+    fail,
+    load_flow,
+)
+from ferryman.client_config import base_config
+from ferryman.errors import ConfigError, FerrymanError
+from ferryman.naming import FlowNames
+
+if TYPE_CHECKING:
+    from ferryman_auditor import AuditRange, AuditReport
+    from pyspark.sql import SparkSession
+
+group = typer.Typer(help="Check that a flow copied its source exactly once (PySpark jobs).", no_args_is_help=True)
+
+#: How often the progress bar asks Spark how many tasks are done.
+_PROGRESS_POLL_S = 0.25
+
+_COLUMNS = ("expected", "found", "missing", "duplicated", "reordered", "altered", "unexpected", "unverifiable")
+
+
+def _offsets(text: str | None, name: str) -> dict[int, int] | None:
+    """``0=100,1=250`` (or one number for every partition: ``100``) as partition -> offset.
+
+    Raises:
+        ConfigError: malformed.
+    """
+    if text is None:
+        return None
+    out: dict[int, int] = {}
+    try:
+        for item in text.split(","):
+            part, _, offset = item.strip().partition("=")
+            out[int(part)] = int(offset)
+    except ValueError as exc:
+        raise ConfigError(f"{name} takes partition=offset pairs separated by commas, not {text!r}") from exc
+    return out
+
+
+def _time_ms(text: str | None, name: str) -> int | None:
+    """Milliseconds since the epoch, or an ISO-8601 time (UTC unless it says otherwise).
+
+    Raises:
+        ConfigError: neither.
+    """
+    if text is None:
+        return None
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name} takes an ISO-8601 time or milliseconds since the epoch, not {text!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _audit_range(
+    topics: list[str] | None, start: str | None, end: str | None, since: str | None, until: str | None
+) -> AuditRange:
+    from ferryman_auditor import AuditRange  # noqa: PLC0415 -- the audit engine, loaded when used
+
+    chosen = tuple(topics) if topics else None
+    if (start or end) and (since or until):
+        raise ConfigError("give source offsets (--start-offsets/--end-offsets) or a time window (--since/--until)")
+    if start or end:
+        return AuditRange(
+            kind="offsets",
+            start_offsets=_offsets(start, "--start-offsets"),
+            end_offsets=_offsets(end, "--end-offsets"),
+            topics=chosen,
+        )
+    if since or until:
+        return AuditRange(
+            kind="time", start_ms=_time_ms(since, "--since") or 0, end_ms=_time_ms(until, "--until"), topics=chosen
+        )
+    return AuditRange(topics=chosen)
+
+
+@group.command("run")
+def run(
+    *,
+    config: ConfigOption = None,
+    flow: FlowOption = None,
+    topic: Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")] = None,
+    start_offsets: Annotated[
+        str | None, typer.Option(help="First source offsets, partition=offset,... (default: since the last audit).")
+    ] = None,
+    end_offsets: Annotated[
+        str | None, typer.Option(help="End source offsets (exclusive), partition=offset,...")
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="Time window start: ISO-8601 or ms since the epoch.")] = None,
+    until: Annotated[str | None, typer.Option(help="Time window end (exclusive).")] = None,
+    master: Annotated[
+        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
+    ] = None,
+    reports_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
+    ] = None,
+    output: OutputOption = "text",
+) -> int:
+    """Audit a flow: since the last verified position, or over explicit offsets or a time window.
+
+    Exit status: 0 exactly once, 1 violated, 2 bad usage, 3 the audit could not run.
+    """
+    try:
+        check_output(output)
+        cfg, chosen = load_flow(config, flow)
+        audit_range = _audit_range(topic, start_offsets, end_offsets, since, until)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    from ferryman_auditor import AuditError, AuditSettings, AuditUsageError, run_audit, spark_session  # noqa: PLC0415
+
+    interactive = output == "text" and sys.stderr.isatty()
+    try:
+        with _progress(interactive) as (say, follow):
+            say("starting Spark")
+            spark = spark_session(master)
+            follow(spark)
+            report = run_audit(
+                spark, cfg, chosen, audit_range, settings=AuditSettings(reports_dir=reports_dir), progress=say
+            )
+    except AuditUsageError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except (AuditError, FerrymanError) as exc:
+        return fail(str(exc), EXIT_FAILED)
+    _print_report(report, output)
+    return EXIT_OK if report.verdict == "EXACTLY_ONCE" else EXIT_FINDING
+
+
+@contextmanager
+def _progress(
+    interactive: bool,
+) -> Iterator[tuple[Callable[[str], None], Callable[[SparkSession], None]]]:
+    """A progress bar on stderr when it is a terminal: the audit's step, and Spark's tasks done in the job."""
+    if not interactive:
+        yield (lambda _step: None), (lambda _spark: None)
+        return
+    stop = threading.Event()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} tasks"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("audit", total=None)
+
+        def say(step: str) -> None:
+            bar.update(task, description=step)
+
+        def follow(spark: SparkSession) -> None:
+            tracker = spark.sparkContext.statusTracker()
+
+            def poll() -> None:
+                while not stop.wait(_PROGRESS_POLL_S):
+                    stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+                    total = sum(s.numTasks for s in stages if s is not None)
+                    if total:
+                        done = sum(s.numCompletedTasks for s in stages if s is not None)
+                        bar.update(task, total=total, completed=done)
+
+            threading.Thread(target=poll, name="audit-progress", daemon=True).start()
+
+        try:
+            yield say, follow
+        finally:
+            stop.set()
+
+
+def _print_report(report: AuditReport, output: str) -> None:
+    if output == "json":
+        print(report.to_json())
+        return
+    console = Console()
+    table = Table(title=f"audit {report.run_id} of flow {report.flow} ({report.range.get('kind')})")
+    for name in ("topic", "partition", *_COLUMNS, "map agrees"):
+        table.add_column(name, justify="left" if name == "topic" else "right")
+    for p in report.partitions:
+        values = [str(getattr(p, c)) for c in _COLUMNS]
+        agrees = "-" if p.offset_map is None else ("yes" if p.alignments_agree else "NO")
+        table.add_row(p.topic, str(p.partition), *values, agrees)
+    console.print(table)
+    style = "green" if report.verdict == "EXACTLY_ONCE" else "bold red"
+    console.print(f"verdict: [{style}]{report.verdict}[/{style}]")
+
+
+def _load_runs(config: Path | None, flow: str | None) -> tuple[str, list[AuditReport]]:
+    cfg, chosen = load_flow(config, flow)
+    from ferryman_auditor import AuditStore  # noqa: PLC0415
+
+    store = AuditStore(
+        base_config(cfg.clusters[chosen.target], "ferryman-cli"), FlowNames.of(chosen).audit_topic, timeout_s=30.0
+    )
+    return chosen.name, list(store.load().runs)
+
+
+@group.command("list")
+def list_runs(
+    config: ConfigOption = None,
+    flow: FlowOption = None,
+    limit: Annotated[int, typer.Option(help="Most recent runs to list.")] = 20,
+    output: OutputOption = "text",
+) -> int:
+    """List a flow's audits, newest last (from its audit topic)."""
+    try:
+        check_output(output)
+        name, runs = _load_runs(config, flow)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except FerrymanError as exc:
+        return fail(str(exc), EXIT_FAILED)
+    from ferryman_auditor import summary_of  # noqa: PLC0415
+
+    rows = summary_of(runs[-limit:] if limit > 0 else runs)
+    if output == "json":
+        print(json.dumps(rows))
+        return EXIT_OK
+    table = Table(title=f"audits of flow {name}")
+    for column in ("run_id", "finished", "range", "verdict", "partitions", *_COLUMNS):
+        table.add_column(column)
+    for row in rows:
+        finished = datetime.fromtimestamp(row["finished_at_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            row["run_id"],
+            finished,
+            str(row["range"]),
+            row["verdict"],
+            str(row["partitions"]),
+            *(str(row[c]) for c in _COLUMNS),
+        )
+    Console().print(table)
+    return EXIT_OK
+
+
+@group.command("show")
+def show(
+    run_id: Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")] = None,
+    config: ConfigOption = None,
+    flow: FlowOption = None,
+    output: OutputOption = "text",
+) -> int:
+    """Show one audit's per-partition results. Exit status: 0 exactly once, 1 violated, 2 no such run."""
+    try:
+        check_output(output)
+        name, runs = _load_runs(config, flow)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except FerrymanError as exc:
+        return fail(str(exc), EXIT_FAILED)
+    chosen = [r for r in runs if r.run_id == run_id] if run_id else runs[-1:]
+    if not chosen:
+        return fail(f"flow {name} has no audit {run_id}" if run_id else f"flow {name} has no audit yet", EXIT_USAGE)
+    _print_report(chosen[0], output)
+    return EXIT_OK if chosen[0].verdict == "EXACTLY_ONCE" else EXIT_FINDING
