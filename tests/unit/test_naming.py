@@ -123,8 +123,8 @@ def _flow_names(n: int) -> list[str]:
 def test_internal_topics_end_in_internal_and_are_never_replicated(name: str) -> None:
     f = flow(name=name)
     names = FlowNames.of(f)
-    internal = [names.staging_topic, names.state_topic, names.specs_topic, names.offset_map_topic]
-    assert len(set(internal)) == 4
+    internal = [names.staging_topic, names.state_topic, names.specs_topic, names.offset_map_topic, names.audit_topic]
+    assert len(set(internal)) == 5
     any_topic = TopicFilter.of(flow(name="other", topics=[".*"]))
     for topic in internal:
         assert topic.endswith(".internal")
@@ -138,6 +138,7 @@ def test_flow_names_defaults() -> None:
     assert names.state_topic == "ferryman.f1.state.internal"
     assert names.specs_topic == "ferryman.f1.topics.internal"
     assert names.offset_map_topic == "ferryman.f1.offset-map.internal"
+    assert names.audit_topic == "ferryman.f1.audit.internal"
     assert names.wrapper_group == "ferryman-wrapper.f1"
     assert names.deduper_group == "ferryman-deduper.f1"
     assert names.transactional_id("d-1") == "ferryman-deduper.f1.d-1"
