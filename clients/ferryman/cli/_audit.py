@@ -172,12 +172,12 @@ def _progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} tasks"),
+        TextColumn("{task.fields[tasks]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("audit", total=None)
+        task = bar.add_task("audit", total=None, tasks="")
 
         def say(step: str) -> None:
             bar.update(task, description=step)
@@ -191,7 +191,7 @@ def _progress(
                     total = sum(s.numTasks for s in stages if s is not None)
                     if total:
                         done = sum(s.numCompletedTasks for s in stages if s is not None)
-                        bar.update(task, total=total, completed=done)
+                        bar.update(task, total=total, completed=done, tasks=f"{done}/{total} Spark tasks")
 
             threading.Thread(target=poll, name="audit-progress", daemon=True).start()
 
