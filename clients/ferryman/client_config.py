@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from ferryman.config import ClusterConfig
+from ferryman.kafka_log import LibrdkafkaLog
 
 _log = logging.getLogger(__name__)
 
@@ -19,8 +20,15 @@ PRODUCER_CONNECT_BUDGET_S = 5.0
 
 
 def base_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
-    """Common properties for any client on cluster (security etc. from client_config)."""
-    conf: dict[str, Any] = {"bootstrap.servers": cluster.bootstrap_servers, "client.id": client_id}
+    """Common properties for any client on cluster (security etc. from client_config).
+
+    librdkafka's log goes through Python logging (``ferryman.kafka_log``), not stderr.
+    """
+    conf: dict[str, Any] = {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "client.id": client_id,
+        "logger": LibrdkafkaLog(cluster.bootstrap_servers),
+    }
     conf.update(cluster.client_config)
     return conf
 

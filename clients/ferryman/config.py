@@ -224,6 +224,9 @@ class WrapperConfig(_Model, frozen=True):
     """Control services of the flow's dedupers (host:port); empty disables the control link."""
     progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     """How often source progress is sent over the control link."""
+    startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
+    """How long the wrapper waits at start-up for each cluster to answer before it exits
+    (code 5, naming the cluster). Once running, an outage of any length is waited out."""
 
 
 class DeduperConfig(_Model, frozen=True):
@@ -254,7 +257,10 @@ class DeduperConfig(_Model, frozen=True):
     older than this. Must exceed interval + worst-case commit time; read_committed
     readers of the destination wait at most this long behind a stuck transaction."""
     operation_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
-    """Budget for one flush/commit/abort/init call including retries."""
+    """Budget for one flush/commit/abort call including retries (init_transactions: 4x). Each
+    attempt has a 10 s librdkafka timeout and a deadline that holds (a watchdog abandons and
+    replaces a producer whose call overruns it); a budget that runs out rewinds to the last
+    commit and retries with backoff, it never stops the deduper."""
     linger_ms: Annotated[int, Meta(ge=0)] = 5
     """Producer linger for destination writes (librdkafka's default), with or without
     transactions. A transaction's records stream to the broker while it is open, so
@@ -284,6 +290,9 @@ class DeduperConfig(_Model, frozen=True):
     """Pause wrappers when this many staging records wait to be deduplicated."""
     resend_retry_s: Annotated[float, Meta(gt=0)] = 10.0
     """Ask again for a gap's records if they have not arrived after this long."""
+    startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
+    """How long the deduper waits at start-up for the destination cluster to answer before it
+    exits (code 5, naming the cluster). Once running, an outage of any length is waited out."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.instance_id):

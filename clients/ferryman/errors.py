@@ -51,3 +51,21 @@ class FencedError(FerrymanError):
     The fenced process must stop writing: carrying on would fence the new owner
     in turn, and the two would take the partitions from each other forever.
     """
+
+
+class WedgedCallError(FerrymanError):
+    """A blocking Kafka client call overran its deadline and was abandoned.
+
+    librdkafka honours its API timeouts almost always; where it does not (a
+    coordinator it dropped from its cache, librdkafka #5511), the call's client
+    is given up: the caller builds a new one and rewinds to its last commit.
+    """
+
+    def __init__(self, what: str, deadline_s: float) -> None:
+        super().__init__(f"{what} did not return within its {deadline_s:g} s deadline; its client was abandoned")
+        self.what = what
+        self.deadline_s = deadline_s
+
+
+class ClusterUnreachableError(FerrymanError):
+    """A cluster did not answer within the start-up deadline (``startup_timeout_s``)."""

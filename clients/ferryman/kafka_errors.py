@@ -22,7 +22,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from ferryman.errors import KafkaOperationError
+from ferryman.errors import KafkaOperationError, WedgedCallError
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +73,11 @@ _TRANSIENT_CODES = frozenset(
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.OFFSET_NOT_AVAILABLE,
+        # librdkafka's local states while a coordinator or every broker is away
+        # (a broker restart): the request is waiting, nothing failed for good.
+        KafkaError._WAIT_COORD,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
     }
 )
 
@@ -115,6 +120,24 @@ def classify(error: KafkaError | BaseException) -> ErrorClass:
     if err.retriable() or err.code() in _TRANSIENT_CODES:
         return ErrorClass.RETRIABLE
     return ErrorClass.FATAL
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether exc is a fault that clears by itself: wait it out and rewind, never exit.
+
+    Retriable Kafka errors (also after their retry budget ran out), abortable
+    ones, a fatal error of one client instance (rebuilt), and a call abandoned
+    by the watchdog. Fencing and Ferryman's own refusals (configuration, data
+    loss, topic shape) are not transient: a restart would not fix them.
+    """
+    if isinstance(exc, WedgedCallError):
+        return True
+    if isinstance(exc, KafkaOperationError):
+        cause = exc.__cause__
+        return cause is None or not isinstance(cause, KafkaException) or classify(cause) is not ErrorClass.FENCED
+    if isinstance(exc, KafkaException):
+        return classify(exc) is not ErrorClass.FENCED
+    return False
 
 
 def _is_retriable(exc: BaseException) -> bool:

@@ -7,7 +7,11 @@ turns SIGTERM/SIGINT into a graceful shutdown and maps errors to exit codes:
 * 2: configuration error;
 * 3: fenced by another instance with the same identity;
 * 4: source data lost (refused to skip);
+* 5: a cluster did not answer within the start-up deadline (``startup_timeout_s``);
 * 1: any other failure.
+
+Once running, a service waits out transient faults (broker restarts, outages)
+instead of exiting: exit codes are for what a restart cannot fix.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Protocol
 from confluent_kafka import KafkaException
 
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
-from ferryman.errors import ConfigError, FencedError, FerrymanError, SourceDataLostError
+from ferryman.errors import ClusterUnreachableError, ConfigError, FencedError, FerrymanError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, classify
 
 EXIT_OK = 0
@@ -34,6 +38,7 @@ EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 EXIT_FENCED = 3
 EXIT_DATA_LOST = 4
+EXIT_UNREACHABLE = 5
 
 _log = logging.getLogger(__name__)
 
@@ -135,6 +140,9 @@ def run_service(
     except ConfigError as exc:
         _log.error("configuration error: %s", exc)
         return EXIT_CONFIG
+    except ClusterUnreachableError as exc:
+        _log.error("%s", exc)
+        return EXIT_UNREACHABLE
     except FerrymanError as exc:
         _log.error("%s failed: %s", name, exc)
         return EXIT_FAILURE

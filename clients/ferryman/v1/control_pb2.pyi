@@ -482,6 +482,8 @@ class GetWrapperStatusResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     RESENDS_SERVED_FIELD_NUMBER: _builtins.int
     WATERMARKS_FIELD_NUMBER: _builtins.int
+    UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
+    PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
     wrapper_id: _builtins.str
     """Wrapper identity."""
     flow: _builtins.str
@@ -500,6 +502,14 @@ class GetWrapperStatusResponse(_message.Message):
     """True while the control link to the deduper is up."""
     resends_served: _builtins.int
     """Resend requests served since start."""
+    unavailable_reason: _builtins.str
+    """Why the wrapper is NOT_SERVING ("" while it serves): a cluster it cannot
+    reach, or a failure it is recovering from. Such faults are waited out.
+    """
+    producer_rebuilds: _builtins.int
+    """Staging producers replaced since start (a fatal error, or a call abandoned
+    by the watchdog).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProgress]:
         """Progress of the assigned partitions."""
@@ -522,10 +532,12 @@ class GetWrapperStatusResponse(_message.Message):
         partitions: _abc.Iterable[Global___PartitionProgress] | None = ...,
         resends_served: _builtins.int = ...,
         watermarks: _abc.Iterable[Global___PartitionWatermark] | None = ...,
+        unavailable_reason: _builtins.str = ...,
+        producer_rebuilds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "unavailable_reason", b"unavailable_reason", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -569,6 +581,9 @@ class GetDeduperStatusResponse(_message.Message):
     COMMIT_FLUSH_P50_MS_FIELD_NUMBER: _builtins.int
     COMMIT_SECONDS_TOTAL_FIELD_NUMBER: _builtins.int
     COMMIT_FLUSH_SECONDS_TOTAL_FIELD_NUMBER: _builtins.int
+    UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
+    PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
+    WEDGED_CALLS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -605,6 +620,19 @@ class GetDeduperStatusResponse(_message.Message):
     """
     commit_flush_seconds_total: _builtins.float
     """Of commit_seconds_total, the time spent flushing the destination records."""
+    unavailable_reason: _builtins.str
+    """Why the deduper is NOT_SERVING ("" while it serves): the destination
+    cluster unreachable, or a failed transaction it is recovering from. Such
+    faults are waited out.
+    """
+    producer_rebuilds: _builtins.int
+    """Destination producers replaced since start (a fatal error, an unknown
+    commit outcome, or a call abandoned by the watchdog).
+    """
+    wedged_calls: _builtins.int
+    """Blocking producer calls that overran their deadline and were abandoned
+    with their producer (ferryman.watchdog).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
         """Committed watermarks and lag of owned source partitions."""
@@ -631,10 +659,13 @@ class GetDeduperStatusResponse(_message.Message):
         commit_flush_p50_ms: _builtins.float = ...,
         commit_seconds_total: _builtins.float = ...,
         commit_flush_seconds_total: _builtins.float = ...,
+        unavailable_reason: _builtins.str = ...,
+        producer_rebuilds: _builtins.int = ...,
+        wedged_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

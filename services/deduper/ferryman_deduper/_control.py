@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 
 import grpc
 from ferryman import protocol
+from ferryman.config import DeduperConfig
 from ferryman.rpc import IncompatiblePeerError
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+
+from ferryman_deduper._decide import PartitionState
+from ferryman_deduper._gaps import GapTracker
 
 _log = logging.getLogger(__name__)
 
@@ -224,3 +228,95 @@ class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
     ) -> control_pb2.GetDeduperStatusResponse:
         """Snapshot of counters, watermarks and connected wrappers."""
         return self._status()
+
+
+class ControlTicker:
+    """The deduper's side of the control link, served from its loop thread (the only one touching Kafka).
+
+    Each tick: new topic specs to the destination topics, resent envelopes to
+    the data path, resend requests for open gaps, and every
+    ``watermark_interval_s`` the committed watermarks and the backpressure
+    state to every connected wrapper.
+    """
+
+    def __init__(
+        self,
+        *,
+        hub: ControlHub,
+        dc: DeduperConfig,
+        committed: dict[PartitionKey, PartitionState],
+        gaps: GapTracker,
+        staging_lag: Callable[[], int],
+        destination_trouble: Callable[[], str],
+        process_resent: Callable[[envelope_pb2.Envelope], None],
+        add_spec: Callable[[state_pb2.TopicSpec], None],
+    ) -> None:
+        self._hub = hub
+        self._dc = dc
+        self._committed = committed
+        self._gaps = gaps
+        self._staging_lag = staging_lag
+        self._destination_trouble = destination_trouble
+        self._process_resent = process_resent
+        self._add_spec = add_spec
+        self._next_watermarks = 0.0
+
+    def tick(self, now: float) -> None:
+        """Serve what the link brought and what is due."""
+        hub = self._hub
+        while True:
+            try:
+                spec = hub.specs.get_nowait()
+            except queue.Empty:
+                break
+            self._add_spec(spec)
+        while True:
+            try:
+                answer = hub.resent.get_nowait()
+            except queue.Empty:
+                break
+            if answer.error:
+                _log.error("resend request %d could not be served: %s", answer.request_id, answer.error)
+            for env_msg in answer.envelopes:
+                self._process_resent(env_msg)
+        for _key, gap in self._gaps.due(now, self._dc.resend_retry_s):
+            request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to, gap.attempts)
+            if request_id is not None:
+                gap.mark_requested(now)
+                _log.warning(
+                    "asked for source records %s-%d %d..%d again (request %d)",
+                    gap.source.topic,
+                    gap.source.partition,
+                    gap.missing_from,
+                    gap.missing_to,
+                    request_id,
+                )
+        if now >= self._next_watermarks:
+            self._next_watermarks = now + self._dc.watermark_interval_s
+            hub.broadcast(control_pb2.ConnectResponse(watermarks=control_pb2.Watermarks(partitions=self.watermarks())))
+            self._update_backpressure()
+
+    def watermarks(self) -> list[control_pb2.PartitionWatermark]:
+        """Committed watermarks and lag of the owned source partitions."""
+        out = []
+        for key, st in sorted(dict(self._committed).items()):
+            log_end = self._hub.log_end_offset(key)
+            lag = max(0, log_end - (st.watermark + 1)) if log_end is not None else -1
+            out.append(
+                control_pb2.PartitionWatermark(
+                    topic=key.topic, partition=key.partition, watermark=st.watermark, lag=lag
+                )
+            )
+        return out
+
+    def _update_backpressure(self) -> None:
+        trouble = self._destination_trouble()
+        if trouble:
+            self._hub.set_backpressure(True, trouble)
+            return
+        lag = self._staging_lag()
+        limit = self._dc.backpressure_max_staging_lag
+        if lag > limit:
+            self._hub.set_backpressure(True, f"staging is {lag} envelopes ahead of the deduper (limit {limit})")
+        elif lag <= limit // 2:
+            self._hub.set_backpressure(False, "caught up")

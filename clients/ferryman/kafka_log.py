@@ -1,0 +1,57 @@
+"""librdkafka's own log lines, through Python logging, without the flood.
+
+Without a logger, librdkafka prints to stderr: one line per failed connection
+attempt of every client (581 lines in 30 s were seen with one cluster down at
+start-up). With this one (the ``logger`` client property), its lines go to
+``ferryman.librdkafka``: connection failures at DEBUG (``ClusterHealth`` logs
+one line per outage instead), and any other line at most once per
+``REPEAT_INTERVAL_S``, with the count of repeats it stood for.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+_log = logging.getLogger("ferryman.librdkafka")
+
+#: A repeated line is logged again after this long (with the count it stood for).
+REPEAT_INTERVAL_S = 30.0
+#: Facilities of connection-state lines (a broker down, a connection closed).
+_CONNECTION_FACILITIES = frozenset({"FAIL", "BROKERFAIL", "REBOOTSTRAP"})
+#: Numbers in a line (ms, counts, ports) vary between repeats of the same event.
+_NUMBERS = re.compile(r"\d+")
+
+
+class LibrdkafkaLog:
+    """The object given as a client's ``logger``: confluent-kafka calls ``log(level, fmt, *args)``."""
+
+    def __init__(self, cluster: str) -> None:
+        self._cluster = cluster
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """One librdkafka line (args: facility, client name, message)."""
+        facility = str(args[0]) if args else ""
+        text = fmt % args if args else fmt
+        if facility in _CONNECTION_FACILITIES or "Connect to" in text or "brokers are down" in text:
+            level = logging.DEBUG
+        if not _log.isEnabledFor(level):
+            return
+        if level < logging.WARNING:
+            _log.log(level, "%s: %s", self._cluster, text)
+            return
+        key = _NUMBERS.sub("#", f"{facility} {args[2] if len(args) > 2 else text}")
+        now = time.monotonic()
+        with self._lock:
+            last, repeats = self._last.get(key, (0.0, 0))
+            if now - last < REPEAT_INTERVAL_S:
+                self._last[key] = (last, repeats + 1)
+                return
+            self._last[key] = (now, 0)
+        suffix = f" (and {repeats} more like it in the last {REPEAT_INTERVAL_S:.0f} s)" if repeats else ""
+        _log.log(level, "%s: %s%s", self._cluster, text, suffix)

@@ -1,0 +1,355 @@
+"""The deduper's destination transaction: pending state, commit, abort, recovery, watchdog.
+
+One object owns the transactional producer and everything the open
+transaction holds (the source partitions' new states, the offset-map slices,
+the staging offsets to commit with it). Each blocking producer call runs under
+the watchdog (``ferryman.watchdog``) with a deadline that holds, so a call
+librdkafka never returns from (librdkafka #5511) cannot stop the deduper: the
+producer is abandoned and replaced, and the new producer's
+``init_transactions`` (same ``transactional.id``) fences the old one and
+resolves its open transaction.
+
+Recovery by class (``ferryman.kafka_errors``):
+
+* abortable: ``abort_transaction``; if that fails, rebuild;
+* fatal, retriable past its budget (outcome unknown), wedged: rebuild;
+* fenced by a live twin (our transaction is younger than
+  ``transaction.timeout.ms``): ``FencedError``, the process exits with 3.
+
+The caller rewinds its consumer to the last commit after any recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from ferryman.config import DeduperConfig
+from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
+from ferryman.health import ClusterHealth
+from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
+from ferryman.state import PartitionKey
+from ferryman.v1 import envelope_pb2
+from ferryman.watchdog import GRACE_S, Watchdog
+
+from ferryman_deduper._decide import PartitionState
+from ferryman_deduper._timings import RecentDurations
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: librdkafka timeout of one attempt of a transactional call. Shorter than
+#: operation_timeout_s so that a call that never returns is noticed (the
+#: watchdog's deadline is this plus GRACE_S) well within the 30 s recovery goal
+#: after a broker comes back; retriable timeouts are retried within the budget.
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Slice:
+    """Records of one envelope written in the open transaction (for the offset map)."""
+
+    key: PartitionKey
+    source: envelope_pb2.SourcePartition
+    destination_topic: str
+    source_offsets: Sequence[int]
+    first_destination_offset: int = -1
+    last_destination_offset: int = -1
+
+
+@dataclass
+class TransactionStats:
+    """Counters since start."""
+
+    committed: int = 0
+    aborted: int = 0
+    producer_rebuilds: int = 0
+    wedged_calls: int = 0
+
+
+class Transaction:
+    """The open destination transaction and the producer that writes it (loop thread only)."""
+
+    def __init__(
+        self,
+        *,
+        make_producer: Callable[[], tuple[Producer, bool]],
+        dc: DeduperConfig,
+        exactly_once: bool,
+        transactional_id: str,
+        health: ClusterHealth,
+    ) -> None:
+        self._make_producer = make_producer
+        self._dc = dc
+        self.exactly_once = exactly_once
+        self.transactional_id = transactional_id
+        self._health = health
+        self._watchdog = Watchdog("destination-producer")
+        self.stats = TransactionStats()
+        self.producer: Producer
+        self.direct = False
+        """Whether rows go to librdkafka directly (``rowproduce.adopts``) for the current producer."""
+        self.open = False
+        self.started = 0.0
+        self.records = 0
+        self.pending: dict[PartitionKey, PartitionState] = {}
+        self.slices: list[Slice] = []
+        self.next_offsets: dict[int, int] = {}
+        self.delivery_error: KafkaError | None = None
+        self.producer_fatal: KafkaError | None = None
+        self.consecutive_failures = 0
+        self.commit_times = RecentDurations()
+        self.flush_times = RecentDurations()
+        #: Set while a rebuild is due and not yet done (a failed init_transactions is retried by recover()).
+        self._rebuild_due = False
+
+    # ------------------------------------------------------------- producer
+    def start(self) -> None:
+        """Build the producer and initialise transactions (exactly-once)."""
+        self.producer, self.direct = self._make_producer()
+        self._init_transactions()
+
+    def on_producer_error(self, err: KafkaError) -> None:
+        """error_cb: keep a fatal error's real cause (later calls report a generic _FATAL)."""
+        if err.fatal():
+            self.producer_fatal = err
+            _log.error("destination producer: %s", err)
+        else:
+            self._health.client_error(err, "producer")
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run a blocking producer call under the watchdog (deadline CALL_TIMEOUT_S + GRACE_S)."""
+        try:
+            return self._watchdog.call(fn, what=what, deadline_s=CALL_TIMEOUT_S + GRACE_S, client=self.producer)
+        except WedgedCallError:
+            self.stats.wedged_calls += 1
+            self._rebuild_due = True
+            raise
+
+    def _retrying(self, fn: Callable[[float], T], what: str, budget_s: float) -> T:
+        """fn(timeout) under the watchdog, retriable errors retried within budget_s."""
+        return retry_retriable(lambda: self.call(lambda: fn(CALL_TIMEOUT_S), what), what=what, budget_s=budget_s)
+
+    def _init_transactions(self) -> None:
+        if not self.exactly_once:
+            return
+        try:
+            self._retrying(self.producer.init_transactions, "init_transactions", self._dc.operation_timeout_s * 4)
+        except KafkaException as exc:
+            if classify(exc) is ErrorClass.FENCED:
+                raise FencedError(f"{self.transactional_id}: {exc}") from exc
+            raise
+
+    def rebuild(self) -> None:
+        """Replace the producer; init_transactions resolves whatever the old one left open."""
+        self.stats.producer_rebuilds += 1
+        self._rebuild_due = True
+        _log.warning("rebuilding the destination producer (%s)", self.transactional_id)
+        old = self.producer
+        if not any(client is old for _w, client, _f in self._watchdog.abandoned):
+            old.purge()  # an abandoned producer is never touched again: a call of its may still be running
+        if self._watchdog.exhausted:
+            raise KafkaOperationError(
+                "destination producer",
+                RuntimeError(f"{len(self._watchdog.abandoned)} producers abandoned; restart to reclaim them"),
+            )
+        self.producer_fatal = None
+        self.producer, self.direct = self._make_producer()
+        self._init_transactions()
+        self._rebuild_due = False
+
+    # ------------------------------------------------------------ lifecycle
+    def begin(self) -> None:
+        """Open a transaction if none is open."""
+        if self.open:
+            return
+        if self.exactly_once:
+            self.producer.begin_transaction()
+        self.open = True
+        self.started = time.monotonic()
+        self.records = 0
+
+    def due(self, min_age_s: float) -> bool:
+        """The open transaction is old enough, or big enough, to commit."""
+        return self.open and (
+            self.records >= self._dc.transaction_max_records or time.monotonic() - self.started >= min_age_s
+        )
+
+    def clear(self) -> None:
+        """Forget the open transaction's work (after its commit or abort)."""
+        self.pending.clear()
+        self.slices.clear()
+        self.next_offsets.clear()
+        self.open = False
+        self.records = 0
+        self.delivery_error = None
+
+    def commit(
+        self,
+        *,
+        staging_topic: str,
+        group_metadata: Callable[[], object],
+        write_state: Callable[[], None],
+        commit_consumer_offsets: Callable[[list[TopicPartition]], object],
+    ) -> dict[PartitionKey, PartitionState]:
+        """Commit: records, then write_state() (watermarks, offset map), staging offsets, EndTxn.
+
+        Args:
+            staging_topic: the topic of next_offsets.
+            group_metadata: the staging consumer's group metadata (exactly-once: sent with the offsets).
+            write_state: produces the state and offset-map records of the transaction.
+            commit_consumer_offsets: at-least-once: commits the staging offsets on the consumer.
+
+        Returns:
+            The states the transaction committed.
+
+        Raises:
+            KafkaException, KafkaOperationError, WedgedCallError: the caller recovers (``recover``).
+        """
+        budget = self._dc.operation_timeout_s
+        started = time.monotonic()
+        if self.slices or not self.exactly_once:
+            # The offset map needs destination offsets, known once delivered. And without a
+            # transaction, the watermarks written next must not move past a record that is not
+            # delivered: they are visible (and restored from) as soon as they are written.
+            self._flush_delivered()
+            self.flush_times.add(time.monotonic() - started)
+        elif self.delivery_error is not None:
+            raise KafkaException(self.delivery_error)
+        write_state()
+        offsets = [TopicPartition(staging_topic, sp, nxt) for sp, nxt in self.next_offsets.items()]
+        if self.exactly_once:
+            if offsets:
+                group = group_metadata()
+                self._retrying(
+                    lambda t: self.producer.send_offsets_to_transaction(offsets, group, t),
+                    "send_offsets_to_transaction",
+                    budget,
+                )
+            self._retrying(self.producer.commit_transaction, "commit_transaction", budget)
+        else:
+            self._flush_delivered()  # the watermarks and the offset map
+            if offsets:
+                retry_retriable(
+                    lambda: self.call(lambda: commit_consumer_offsets(offsets), "committing staging offsets"),
+                    what="committing staging offsets",
+                    budget_s=budget,
+                )
+        committed = dict(self.pending)
+        self.clear()
+        self.consecutive_failures = 0
+        self.stats.committed += 1
+        self.commit_times.add(time.monotonic() - started)
+        self._health.up()
+        return committed
+
+    def _flush_delivered(self) -> None:
+        """Flush the producer; raise the first failed delivery, or a timeout with records left."""
+        remaining = self.call(lambda: self.producer.flush(CALL_TIMEOUT_S), "flushing destination records")
+        if self.delivery_error is not None:
+            raise KafkaException(self.delivery_error)
+        if remaining:
+            raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
+
+    # ------------------------------------------------------------- recovery
+    def recover(self, exc: BaseException, what: str) -> None:
+        """Handle a failed transactional step by class; the caller then rewinds to the last commit.
+
+        Raises:
+            FencedError: a live twin took our transactional.id over.
+            KafkaException, KafkaOperationError, WedgedCallError: the recovery itself
+                failed (the cluster is still away); call again later.
+        """
+        if self._rebuild_due:
+            self.clear()
+            self.rebuild()
+            return
+        cls = self._class_of(exc)
+        if cls is ErrorClass.FENCED:
+            age_ms = (time.monotonic() - self.started) * 1000
+            if not self.open or age_ms < self._dc.transaction_timeout_ms:
+                raise FencedError(
+                    f"{what}: transactional.id {self.transactional_id} was taken over by another deduper "
+                    f"instance ({exc}); two live processes must not share an instance id"
+                ) from exc
+            cls = ErrorClass.FATAL  # our own transaction outlived transaction.timeout.ms
+        _log.warning("%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
+        self.stats.aborted += 1
+        self.consecutive_failures += 1
+        if cls is ErrorClass.ABORTABLE and self.exactly_once:
+            try:
+                self._retrying(self.producer.abort_transaction, "abort_transaction", self._dc.operation_timeout_s)
+            except (KafkaException, KafkaOperationError, WedgedCallError) as abort_exc:
+                if isinstance(abort_exc, KafkaException) and classify(abort_exc) is ErrorClass.FENCED:
+                    raise FencedError(f"abort: {abort_exc}") from abort_exc
+                cls = ErrorClass.FATAL
+        self.clear()
+        if cls is not ErrorClass.ABORTABLE or not self.exactly_once:
+            self.rebuild()
+
+    def _class_of(self, exc: BaseException) -> ErrorClass:
+        if isinstance(exc, WedgedCallError):
+            return ErrorClass.FATAL
+        # Serve pending error events: a fatal error reaches error_cb only
+        # through poll(), and until then calls fail with a generic _FATAL.
+        self.call(lambda: self.producer.poll(0), "serving producer events")
+        if self.producer_fatal is not None:
+            exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
+        cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
+        if cls is ErrorClass.RETRIABLE:
+            cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
+        if cls is ErrorClass.FATAL and self.exactly_once:
+            real = self._fatal_cause()
+            if real is not None:
+                cls = classify(real)
+        return cls
+
+    def _fatal_cause(self) -> KafkaError | None:
+        """The producer's own fatal error, if it is in a fatal state.
+
+        Failed produce/flush calls report generic codes (_FATAL, _PURGE_QUEUE)
+        and error_cb may not have run yet; a transactional call on a producer in
+        a fatal state returns the fatal error itself. Only asked when the
+        producer is about to be replaced anyway, so the abort it may do is moot.
+        """
+        try:
+            self.call(lambda: self.producer.abort_transaction(1.0), "abort_transaction (probe)")
+        except KafkaException as exc:
+            err = kafka_error_of(exc)
+            if err is not None and err.fatal():
+                return err
+        except WedgedCallError:
+            pass
+        return None
+
+    def abort_quietly(self) -> None:
+        """Abort at shutdown; a failure is left to the coordinator's transaction timeout."""
+        if self.exactly_once and self.open:
+            try:
+                self.call(lambda: self.producer.abort_transaction(CALL_TIMEOUT_S), "abort_transaction")
+            except (KafkaException, WedgedCallError) as exc:
+                _log.warning("abort at shutdown failed (%s); the coordinator aborts it on timeout", exc)
+        self.clear()
+
+    def close(self) -> None:
+        """Flush what is left (bounded) and stop the watchdog's worker."""
+        try:
+            self.call(lambda: self.producer.flush(CALL_TIMEOUT_S), "flushing the destination producer at shutdown")
+        except (KafkaException, WedgedCallError) as exc:
+            _log.warning("flushing the destination producer at shutdown: %s", exc)
+        self._watchdog.shutdown()
+
+    def status_fields(self) -> dict[str, Any]:
+        """Commit timings for the status RPC."""
+        return {
+            "commit_p50_ms": self.commit_times.median_ms(),
+            "commit_max_ms": self.commit_times.max_ms(),
+            "commit_flush_p50_ms": self.flush_times.median_ms(),
+            "commit_seconds_total": self.commit_times.total_s(),
+            "commit_flush_seconds_total": self.flush_times.total_s(),
+        }
