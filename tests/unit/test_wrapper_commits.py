@@ -1,8 +1,11 @@
-"""The wrapper's periodic source-offset commit does not wait (ferryman_wrapper._wrapper.Wrapper).
+"""The wrapper's source-offset commits (ferryman_wrapper._commits.SourceCommits).
 
-Pure bookkeeping: what the commit callback marks committed, and which failures stop
-the wrapper. That the commit lands on a real source cluster while the wrapper runs is
-``tests/integration/test_exactly_once.py::test_the_wrapper_commits_its_source_positions_while_it_runs``.
+Pure bookkeeping: what the commit callback marks committed, and what a failed commit
+does: never stop the wrapper (the next owner re-sends from the last commit and the
+deduper drops what it has), mark the source cluster down while it lasts. That commits
+land on a real source cluster while the wrapper runs is
+``tests/integration/test_exactly_once.py::test_the_wrapper_commits_its_source_positions_while_it_runs``;
+that a wrapper rides through a source broker restart is ``tests/e2e/test_broker_restarts.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from ferryman.config import parse_config
-from ferryman.errors import KafkaOperationError
+from ferryman.config import ClusterConfig
+from ferryman.health import ClusterHealth
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
-from ferryman_wrapper import _wrapper
-from ferryman_wrapper._wrapper import Wrapper
+from ferryman_wrapper._commits import STILL_FAILING_S, SourceCommits
+from ferryman_wrapper._progress import ProgressTracker
 
 K = PartitionKey("orders", 0)
 K2 = PartitionKey("orders", 1)
@@ -62,22 +65,28 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return c
 
 
-def wrapper_with_acks(consumer: _Consumer | None = None) -> Wrapper:
-    """A wrapper whose tracker has K acknowledged up to 99 and K2 up to 49 (nothing committed)."""
-    cfg = parse_config(
-        {
-            "clusters": {"a": {"bootstrap_servers": "h1:9092"}, "b": {"bootstrap_servers": "h2:9092"}},
-            "flows": [{"name": "f1", "source": "a", "target": "b"}],
-        }
-    )
-    w = Wrapper(cfg, cfg.flows[0], instance_id="w0")
+@dataclass
+class _Setup:
+    commits: SourceCommits
+    tracker: ProgressTracker
+    sources: dict[PartitionKey, envelope_pb2.SourcePartition]
+    health: ClusterHealth
+    consumer: _Consumer
+
+
+def commits_with_acks(consumer: _Consumer | None = None) -> _Setup:
+    """Commits over a tracker with K acknowledged up to 99 and K2 up to 49 (nothing committed)."""
+    tracker = ProgressTracker()
+    sources: dict[PartitionKey, envelope_pb2.SourcePartition] = {}
     for key, last in ((K, 99), (K2, 49)):
-        w._tracker.start(key, 0)
-        w._tracker.sent(key, last)
-        w._tracker.acked(key, last)
-        w._sources[key] = envelope_pb2.SourcePartition(topic=key.topic, partition=key.partition, topic_id=b"\x01" * 16)
-    w._consumer = cast(Any, consumer or _Consumer())
-    return w
+        tracker.start(key, 0)
+        tracker.sent(key, last)
+        tracker.acked(key, last)
+        sources[key] = envelope_pb2.SourcePartition(topic=key.topic, partition=key.partition, topic_id=b"\x01" * 16)
+    cons = consumer or _Consumer()
+    health = ClusterHealth("src", ClusterConfig(bootstrap_servers="h1:9092"))
+    commits = SourceCommits(consumer=lambda: cast(Any, cons), tracker=tracker, sources=sources, health=health)
+    return _Setup(commits, tracker, sources, health, cons)
 
 
 def report(*parts: _Report) -> list[TopicPartition]:
@@ -85,111 +94,118 @@ def report(*parts: _Report) -> list[TopicPartition]:
 
 
 def test_the_periodic_commit_is_sent_without_waiting_and_carries_the_topic_id() -> None:
-    consumer = _Consumer()
-    w = wrapper_with_acks(consumer)
-    w._commit(synchronous=False)
-    [(offsets, asynchronous)] = consumer.calls
+    s = commits_with_acks()
+    s.commits.commit(synchronous=False)
+    [(offsets, asynchronous)] = s.consumer.calls
     assert asynchronous
     assert {(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in offsets} == {
         ("orders", 0, 100, "01" * 16),
         ("orders", 1, 50, "01" * 16),
     }
     # Nothing is marked committed until the report: the next commit offers the same positions.
-    assert w._tracker.commit_positions() == {K: 100, K2: 50}
+    assert s.tracker.commit_positions() == {K: 100, K2: 50}
+
+
+def test_a_synchronous_commit_marks_the_positions_committed() -> None:
+    s = commits_with_acks()
+    s.commits.commit()
+    [(_offsets, asynchronous)] = s.consumer.calls
+    assert not asynchronous
+    assert s.tracker.commit_positions() == {}
 
 
 def test_a_successful_report_marks_each_partition_committed() -> None:
-    w = wrapper_with_acks()
-    w._on_commit(None, report(_Report("orders", 0, 100)))
-    assert w._tracker.commit_positions() == {K2: 50}
-    w._on_commit(None, report(_Report("orders", 1, 50)))
-    assert w._tracker.commit_positions() == {}
-    assert w._fatal is None
+    s = commits_with_acks()
+    s.commits.on_commit(None, report(_Report("orders", 0, 100)))
+    assert s.tracker.commit_positions() == {K2: 50}
+    s.commits.on_commit(None, report(_Report("orders", 1, 50)))
+    assert s.tracker.commit_positions() == {}
+    assert s.health.reachable
 
 
 def test_a_late_report_of_an_older_commit_never_moves_a_position_back() -> None:
-    w = wrapper_with_acks()
-    w._on_commit(None, report(_Report("orders", 0, 100)))
-    w._on_commit(None, report(_Report("orders", 0, 60)))
-    assert K not in w._tracker.commit_positions()
+    s = commits_with_acks()
+    s.commits.on_commit(None, report(_Report("orders", 0, 100)))
+    s.commits.on_commit(None, report(_Report("orders", 0, 60)))
+    assert K not in s.tracker.commit_positions()
 
 
 def test_a_partition_error_leaves_that_partition_to_the_next_commit(clock: _Clock) -> None:
-    w = wrapper_with_acks()
+    s = commits_with_acks()
     busy = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
-    w._on_commit(None, report(_Report("orders", 0, 100), _Report("orders", 1, 50, busy)))
-    assert w._tracker.commit_positions() == {K2: 50}
-    assert w._fatal is None
+    s.commits.on_commit(None, report(_Report("orders", 0, 100), _Report("orders", 1, 50, busy)))
+    assert s.tracker.commit_positions() == {K2: 50}
+    assert s.health.reachable
 
 
 def test_a_rebalance_error_is_skipped_however_long_it_lasts(clock: _Clock) -> None:
-    w = wrapper_with_acks()
+    s = commits_with_acks()
     for _ in range(3):
-        w._on_commit(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), report(_Report("orders", 0, 100)))
+        s.commits.on_commit(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), report(_Report("orders", 0, 100)))
         clock.now += 60
-    assert w._fatal is None
-    assert w._tracker.commit_positions() == {K: 100, K2: 50}
+    assert s.health.reachable
+    assert s.tracker.commit_positions() == {K: 100, K2: 50}
 
 
-def test_retriable_failures_stop_the_wrapper_only_after_the_admin_budget(clock: _Clock) -> None:
-    w = wrapper_with_acks()
-    down = KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE)
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    clock.now += _wrapper._ADMIN_TIMEOUT_S - 1
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    assert w._fatal is None
+@pytest.mark.parametrize("code", [KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._WAIT_COORD, KafkaError._TRANSPORT])
+def test_retriable_failures_mark_the_source_down_once_they_last_and_a_success_brings_it_back(
+    clock: _Clock, code: int
+) -> None:
+    """The wrapper exited on _WAIT_COORD after a source broker restart (issue 24); it now waits."""
+    s = commits_with_acks()
+    down = KafkaError(code)
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    clock.now += STILL_FAILING_S - 1
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    assert s.health.reachable
     clock.now += 1
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    assert isinstance(w._fatal, KafkaOperationError)
-    assert "committing source offsets" in str(w._fatal)
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    assert not s.health.reachable
+    assert "source offset commits failing" in s.health.reason
+    clock.now += 600  # an outage of any length: still waited out
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    s.commits.on_commit(None, report(_Report("orders", 0, 100), _Report("orders", 1, 50)))
+    assert s.health.reachable
+    assert s.tracker.commit_positions() == {}
 
 
-def test_a_success_in_between_restarts_the_budget(clock: _Clock) -> None:
-    w = wrapper_with_acks()
+def test_a_success_in_between_restarts_the_clock(clock: _Clock) -> None:
+    s = commits_with_acks()
     down = KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE)
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    clock.now += _wrapper._ADMIN_TIMEOUT_S - 1
-    w._on_commit(None, report(_Report("orders", 0, 100), _Report("orders", 1, 50)))
-    clock.now += _wrapper._ADMIN_TIMEOUT_S - 1
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    assert w._fatal is None
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    clock.now += STILL_FAILING_S - 1
+    s.commits.on_commit(None, report(_Report("orders", 0, 100), _Report("orders", 1, 50)))
+    clock.now += STILL_FAILING_S - 1
+    s.commits.on_commit(down, report(_Report("orders", 0, 100)))
+    assert s.health.reachable
 
 
-def test_a_fatal_failure_stops_the_wrapper_at_once(clock: _Clock) -> None:
-    w = wrapper_with_acks()
-    w._on_commit(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED), report(_Report("orders", 0, 100)))
-    assert isinstance(w._fatal, KafkaOperationError)
+def test_a_refused_commit_marks_the_source_down_at_once_but_stops_nothing(clock: _Clock) -> None:
+    s = commits_with_acks()
+    s.commits.on_commit(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED), report(_Report("orders", 0, 100)))
+    assert not s.health.reachable
+    assert "refused" in s.health.reason
 
 
 def test_a_commit_refused_before_it_is_sent_counts_as_a_failure(clock: _Clock) -> None:
-    consumer = _Consumer(refuse=KafkaError(KafkaError._TRANSPORT))
-    w = wrapper_with_acks(consumer)
-    w._commit(synchronous=False)
-    assert w._fatal is None and w._commit_failing_since == clock.now
-    consumer.refuse = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)
-    w._commit(synchronous=False)
-    assert isinstance(w._fatal, KafkaOperationError)
+    s = commits_with_acks(_Consumer(refuse=KafkaError(KafkaError._TRANSPORT)))
+    s.commits.commit(synchronous=False)
+    clock.now += STILL_FAILING_S
+    s.commits.commit(synchronous=False)
+    assert not s.health.reachable
 
 
-def test_a_failure_long_past_is_forgotten_once_everything_is_committed(clock: _Clock) -> None:
-    """A retriable failure, then every position committed and nothing new for a while: a new
-    failure starts a new budget instead of stopping the wrapper at once."""
-    w = wrapper_with_acks()
-    down = KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE)
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    w._tracker.mark_committed({K: 100, K2: 50})
-    w._commit(synchronous=False)  # nothing left to commit
-    clock.now += 10 * _wrapper._ADMIN_TIMEOUT_S
-    w._on_commit(down, report(_Report("orders", 0, 100)))
-    assert w._fatal is None
+def test_a_synchronous_commit_failure_is_reported_not_raised(clock: _Clock) -> None:
+    s = commits_with_acks(_Consumer(refuse=KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)))
+    s.commits.commit()
+    assert s.tracker.commit_positions() == {K: 100, K2: 50}
+    assert not s.health.reachable
 
 
 def test_positions_of_partitions_no_longer_described_send_no_commit() -> None:
-    """An empty commit is refused by librdkafka (_NO_OFFSET, fatal here): none is sent."""
-    consumer = _Consumer()
-    w = wrapper_with_acks(consumer)
-    w._sources.clear()
-    w._commit(synchronous=False)
-    w._commit()
-    assert consumer.calls == []
-    assert w._fatal is None
+    """An empty commit is refused by librdkafka (_NO_OFFSET): none is sent."""
+    s = commits_with_acks()
+    s.sources.clear()
+    s.commits.commit(synchronous=False)
+    s.commits.commit()
+    assert s.consumer.calls == []

@@ -7,6 +7,19 @@ Source offsets are committed (to the source cluster) only up to the last
 envelope acknowledged with every envelope before it; a failed send rewinds to
 there. Everything it writes may be written again after a crash: the deduper
 drops what it has already seen.
+
+The rooms: ``_assignment`` (where each partition starts, its chain and epoch,
+rebalances), ``_commits`` (source offset commits), ``_envelopes`` (packing),
+``_specs`` (topic discovery), ``_control`` (the control link) and this module
+(set-up, the loop, the data path).
+
+**Riding through faults.** A broker restart, a coordinator moving or an outage
+of either cluster is waited out: a failed commit is covered by the next one, a
+transient error in the loop rewinds every partition to its acknowledged prefix
+(retried with capped backoff while the cluster is away), a consumer fenced by
+our own earlier session after a broker restart is replaced. Health is
+NOT_SERVING with the reason meanwhile. Only a live twin (fenced twice within
+``FENCE_WINDOW_S``), configuration errors and refused data loss end the process.
 """
 
 from __future__ import annotations
@@ -22,32 +35,24 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    OFFSET_INVALID,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, protocol, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
-from ferryman.errors import FerrymanError, KafkaOperationError, SourceDataLostError
-from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
+from ferryman.health import ClusterHealth, wait_until_reachable
+from ferryman.kafka_errors import is_transient
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.topics import InternalTopic
-from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 
+from ferryman_wrapper._assignment import SourcePartitions
+from ferryman_wrapper._commits import SourceCommits
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
 from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
-from ferryman_wrapper._progress import ProgressTracker
 from ferryman_wrapper._specs import SourceView, SpecPublisher
 
 _log = logging.getLogger(__name__)
@@ -58,6 +63,11 @@ _ADMIN_TIMEOUT_S = 30.0
 #: we plan for, and long enough for an audit to look back.
 _STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
 _SERVICE_NAME = "ferryman.v1.WrapperService"
+#: Two consumer fences within this window mean a live twin with our instance id,
+#: not our own earlier session fenced by a restarted broker.
+FENCE_WINDOW_S = 120.0
+#: Backoff between recovery attempts while a cluster is away (first quick, then capped).
+_RECOVERY_BACKOFF_S = (0.2, 5.0)
 
 
 class WrapperStatusServicer(control_pb2_grpc.WrapperServiceServicer):
@@ -99,26 +109,41 @@ class Wrapper:
         self._static_id = instance_id or config.wrapper.instance_id
         self.wrapper_id = self._static_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
-        self._tracker = ProgressTracker()
-        # Per assigned source partition: last offset sent (the chain) and epoch.
-        self._chain: dict[PartitionKey, int] = {}
-        self._epoch: dict[PartitionKey, int] = {}
-        self._last_epoch = 0
-        self._sources: dict[PartitionKey, envelope_pb2.SourcePartition] = {}
-        self._staging_keys: dict[PartitionKey, bytes] = {}
-        self._topic_ids: dict[str, bytes] = {}
+        self.source_health = ClusterHealth(flow.source, self._source, on_change=self._health_changed)
+        self.target_health = ClusterHealth(flow.target, self._target, on_change=self._health_changed)
+        self._parts = SourcePartitions(
+            cluster_id=lambda: self._cluster_id,
+            specs=lambda: self._specs,
+            start_position=flow.start_position,
+            wrapper_group=self._names.wrapper_group,
+            deduper_watermarks=self._deduper_watermarks,
+            hand_over=self._hand_over,
+            paused=lambda: self._paused,
+        )
+        self._commits = SourceCommits(
+            consumer=lambda: self._consumer,
+            tracker=self._parts.tracker,
+            sources=self._parts.sources,
+            health=self.source_health,
+        )
+        self._tracker = self._parts.tracker
         self._producer_fatal: KafkaError | None = None
-        self._fatal: BaseException | None = None
+        self._consumer_fatal: KafkaError | None = None
+        self._fences: list[float] = []
         self._pause_wanted: tuple[bool, str] = (False, "")
         self._paused = False
         self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
         self._links: list[ControlLink] = []
         self._progress_snapshot: list[control_pb2.PartitionProgress] = []
-        # Since when asynchronous source offset commits have been failing (None: the last one passed).
-        self._commit_failing_since: float | None = None
+        #: Why the last step failed, while the loop is recovering from it.
+        self._recovering: str = ""
+        self._backoff_s = _RECOVERY_BACKOFF_S[0]
+        self._health_dirty = False
         self.records_sent = 0
         self.envelopes_sent = 0
         self.rewinds = 0
+        self.producer_rebuilds = 0
+        self.consumer_rebuilds = 0
 
     # ------------------------------------------------------------------ setup
     def _make_producer(self) -> Producer:
@@ -153,18 +178,27 @@ class Wrapper:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
                 "session.timeout.ms": self._wc.session_timeout_ms,
-                "on_commit": self._on_commit,
+                "on_commit": self._commits.on_commit,
+                "error_cb": self._on_consumer_error,
             }
         )
-        if self._wc.instance_id or self._static_id:
-            conf["group.instance.id"] = self._static_id or self._wc.instance_id
+        if self._static_id:
+            conf["group.instance.id"] = self._static_id
         return Consumer(conf)
 
     def _on_producer_error(self, err: KafkaError) -> None:
         if err.fatal():
             self._producer_fatal = err
         else:
-            _log.warning("staging producer: %s", err)
+            self.target_health.client_error(err, "staging producer")
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        # A fatal consumer error comes as code _FATAL, its cause in the text.
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            self._consumer_fatal = err
+            _log.error("source consumer: %s", err)
+        else:
+            self.source_health.client_error(err, "source consumer")
 
     def _ensure_topics(self, target_admin: AdminClient) -> None:
         staging_configs = {
@@ -209,9 +243,11 @@ class Wrapper:
 
     def _run_kafka(self) -> None:
         source_admin = AdminClient(base_config(self._source, f"{self.wrapper_id}-admin"))
-        target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
+        self._target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
+        wait_until_reachable(source_admin, self._flow.source, self._source, self._wc.startup_timeout_s)
+        wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
         self._cluster_id = topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S)
-        self._ensure_topics(target_admin)
+        self._ensure_topics(self._target_admin)
         self._producer = self._make_producer()
         self._specs = SpecPublisher(
             source_admin=source_admin,
@@ -243,49 +279,145 @@ class Wrapper:
     def _subscribe(self, names: list[str]) -> None:
         self._subscribed = names
         if names:
-            self._consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._consumer.subscribe(
+                names, on_assign=self._parts.on_assign, on_revoke=self._parts.on_revoke, on_lost=self._parts.on_lost
+            )
             _log.info("subscribed to %d source topics: %s", len(names), ", ".join(names[:20]))
         else:
             self._consumer.unsubscribe()
             _log.warning("no source topic matches flow %s yet", self._flow.name)
 
+    def _health_changed(self) -> None:
+        self._health_dirty = True  # applied on the loop thread (_apply_health)
+
+    def _apply_health(self) -> None:
+        if self._health_dirty:
+            self._health_dirty = False
+            serving = self.source_health.reachable and self.target_health.reachable and not self._recovering
+            self._server.set_serving(_SERVICE_NAME, serving)
+
+    # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
-        self._subscribe(self._specs.discover())
-        next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
-        next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
-        next_progress = 0.0
-        discovery: Future[SourceView] | None = None  # the periodic source reads run off this thread
-        timeout = self._wc.poll_timeout_ms / 1000
+        self._subscribe(self._discover_at_start())
+        self._next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
+        self._next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
+        self._next_progress = 0.0
+        self._discovery: Future[SourceView] | None = None  # the periodic source reads run off this thread
         while not self._stop.is_set():
-            if self._fatal is not None:
-                raise self._fatal
-            msgs = self._consumer.consume(num_messages=self._wc.consume_batch_size, timeout=timeout)
-            if self._fatal is not None:
-                raise self._fatal
-            if msgs:
-                self._wrap(msgs)
-            self._producer.poll(0)
-            if self._producer_fatal is not None:
-                self._rebuild_producer()
-            if self._tracker.any_failed:
-                self._rewind("a staging write failed")
-            now = time.monotonic()
-            if now >= next_commit:
-                self._commit(synchronous=False)
-                next_commit = now + self._wc.commit_interval_ms / 1000
-            self._apply_backpressure()
-            if self._links and now >= next_progress:
-                self._send_progress()
-                next_progress = now + self._wc.progress_interval_s
-            if discovery is not None and discovery.done():
+            try:
+                if self._recovering:
+                    self._rewind(self._recovering)
+                    self._recovered()
+                self._step()
+            except (FencedError, SourceDataLostError):
+                raise
+            except (KafkaException, FerrymanError) as exc:
+                if not is_transient(exc):
+                    raise
+                self._failed(exc)
+            self.source_health.tick()
+            self.target_health.tick()
+            self._apply_health()
+
+    def _discover_at_start(self) -> list[str]:
+        """The first topic discovery (the source answered a moment ago; a blip is retried)."""
+        while True:
+            try:
+                return self._specs.discover()
+            except (KafkaException, FerrymanError) as exc:
+                if not is_transient(exc) or self._stop.is_set():
+                    raise
+                self.source_health.down(f"topic discovery: {exc}")
+                self._stop.wait(self._next_backoff())
+
+    def _step(self) -> None:
+        """One consume() batch wrapped, then what is due: commits, progress, discovery, client failures."""
+        timeout = self._wc.poll_timeout_ms / 1000
+        msgs = self._consumer.consume(num_messages=self._wc.consume_batch_size, timeout=timeout)
+        self._check_callbacks()
+        if msgs:
+            self.source_health.up()
+            self._wrap(msgs)
+        self._producer.poll(0)
+        if self._producer_fatal is not None:
+            self._rebuild_producer()
+        if self._tracker.any_failed:
+            self._rewind("a staging write failed")
+        now = time.monotonic()
+        if now >= self._next_commit:
+            self._commits.commit(synchronous=False)
+            self._next_commit = now + self._wc.commit_interval_ms / 1000
+        self._apply_backpressure()
+        if self._links and now >= self._next_progress:
+            self._send_progress()
+            self._next_progress = now + self._wc.progress_interval_s
+        discovery = self._discovery
+        if discovery is not None and discovery.done():
+            self._discovery = None
+            self._next_refresh = now + self._wc.topic_refresh_interval_s
+            try:
                 # result() raises what the source reads raised, as a discovery on this thread would.
                 names = self._specs.publish(discovery.result())
-                if names != self._subscribed:
-                    self._subscribe(names)
-                discovery = None
-                next_refresh = now + self._wc.topic_refresh_interval_s
-            elif discovery is None and now >= next_refresh:
-                discovery = self._specs.observe_in_background()
+            except (KafkaException, FerrymanError) as exc:
+                if not is_transient(exc):
+                    raise
+                _log.warning(
+                    "topic discovery failed (%s); trying again in %.0f s", exc, self._wc.topic_refresh_interval_s
+                )
+                return
+            if names != self._subscribed:
+                self._subscribe(names)
+        elif discovery is None and now >= self._next_refresh:
+            self._discovery = self._specs.observe_in_background()
+
+    def _check_callbacks(self) -> None:
+        """Act on what client callbacks recorded: a failed assignment, a fenced or failed consumer."""
+        failure = self._parts.callback_failure
+        if failure is not None:
+            self._parts.callback_failure = None
+            raise failure
+        err = self._consumer_fatal
+        if err is not None:
+            self._consumer_fatal = None
+            if err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID) or "fenced" in err.str().lower():
+                now = time.monotonic()
+                self._fences = [t for t in self._fences if now - t < FENCE_WINDOW_S] + [now]
+                if len(self._fences) > 1:
+                    raise FencedError(
+                        f"the source consumer was fenced twice within {FENCE_WINDOW_S:.0f} s by a member with "
+                        f"instance id {self._static_id!r} ({err.str()}): two live wrappers must not share it"
+                    )
+            self._rebuild_consumer(
+                f"the source consumer failed ({err.str()}); after a broker restart a fence is our own earlier session"
+            )
+        elif self._commits.wedged:
+            self._commits.wedged = False
+            self._rebuild_consumer("a source offset commit never returned")
+        elif self._parts.resubscribe_due:
+            self._parts.resubscribe_due = False
+            _log.warning("rejoining the source consumer group to start the partitions that could not be prepared")
+            self._consumer.unsubscribe()
+            self._subscribe(self._subscribed)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A step failed with a transient fault: back off, then rewind (from the loop, retried)."""
+        what = f"{type(exc).__name__}: {exc}"
+        if not self._recovering:
+            _log.warning("wrapper step failed (%s); rewinding to the acknowledged offsets", what)
+        self._recovering = what
+        self._health_dirty = True
+        self._stop.wait(self._next_backoff())
+
+    def _next_backoff(self) -> float:
+        backoff = self._backoff_s
+        self._backoff_s = min(_RECOVERY_BACKOFF_S[1], self._backoff_s * 2)
+        return backoff
+
+    def _recovered(self) -> None:
+        _log.info("wrapper recovered from: %s", self._recovering)
+        self._recovering = ""
+        self._backoff_s = _RECOVERY_BACKOFF_S[0]
+        self._health_dirty = True
 
     def _close(self) -> None:
         """Drain in order: flush staging writes, commit acknowledged offsets, close."""
@@ -293,11 +425,12 @@ class Wrapper:
             remaining = self._producer.flush(self._wc.shutdown_timeout_s)
             if remaining:
                 _log.warning("%d envelopes unacknowledged at shutdown; they will be re-sent", remaining)
-            self._commit()
+            self._commits.commit()
         except (KafkaException, FerrymanError) as exc:
             _log.warning("final commit failed (%s); uncommitted records will be re-sent", exc)
         finally:
             self._consumer.close()
+            self._commits.shutdown()
             for link in self._links:
                 link.stop()
             if self._links:
@@ -309,6 +442,72 @@ class Wrapper:
             self.envelopes_sent,
             self.rewinds,
         )
+
+    # -------------------------------------------------------- rewinds, rebuilds
+    def _hand_over(self, keys: list[PartitionKey]) -> None:
+        """Before partitions leave (revoke): everything sent acknowledged and committed, so nothing is re-sent."""
+        self._producer.flush(self._wc.shutdown_timeout_s)
+        self._commits.commit(keys)
+
+    def _rewind(self, why: str) -> None:
+        """Resume every partition just after its acknowledged prefix."""
+        self.rewinds += 1
+        _log.warning("rewinding the wrapper: %s", why)
+        self._producer.flush(self._wc.shutdown_timeout_s)
+        self._commits.commit()
+        for key, (nxt, logical) in self._tracker.rewind_positions().items():
+            self._parts.restart(key, nxt, logical)
+            try:
+                self._consumer.seek(TopicPartition(key.topic, key.partition, nxt if logical is None else logical))
+            except KafkaException as exc:
+                raise KafkaOperationError(f"seeking source partition {key} to {nxt}", exc) from exc
+
+    def _rebuild_producer(self) -> None:
+        err = self._producer_fatal
+        _log.error("staging producer hit a fatal error (%s); rebuilding it and rewinding", err)
+        self.producer_rebuilds += 1
+        self._producer_fatal = None
+        # Whatever was acknowledged before the error stays acknowledged.
+        self._producer.purge()
+        self._producer.flush(1.0)
+        self._producer = self._make_producer()
+        self._specs.producer = self._producer
+        for key in list(self._parts.chain):
+            self._tracker.failed(key)
+        self._rewind("producer rebuilt")
+
+    def _rebuild_consumer(self, why: str) -> None:
+        """Replace the source consumer: it rejoins the group and every partition starts again from its commit."""
+        _log.warning("replacing the source consumer: %s", why)
+        self.consumer_rebuilds += 1
+        self._producer.flush(self._wc.shutdown_timeout_s)
+        self._commits.commit()
+        old = self._consumer
+        self._parts.drop_all()
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as exc:
+            _log.warning("closing the old source consumer: %s", exc)
+        self._consumer = self._make_consumer()
+        self._subscribe(self._subscribed)
+
+    def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        """Watermarks the deduper committed for keys (empty if it never ran)."""
+        admin = self._target_admin
+        if self._names.state_topic not in topics.describe_topics(admin, [self._names.state_topic], _ADMIN_TIMEOUT_S):
+            return {}
+        parts = {envelope.staging_partition(k.topic, k.partition, self._flow.staging_partitions) for k in keys}
+        conf: dict[str, Any] = base_config(self._target, f"{self.wrapper_id}-state")
+        records = read_compacted(conf, self._names.state_topic, parts, _ADMIN_TIMEOUT_S * 2)
+        out: dict[PartitionKey, int] = {}
+        for recs in records.values():
+            for key, st in decode_watermarks(recs, self._cluster_id).items():
+                spec = self._specs.published.get(key.topic)
+                # A watermark of an earlier incarnation of the topic says nothing about this one.
+                same_topic = spec is not None and (not st.topic_id or st.topic_id == spec.topic_id)
+                if key in keys and st.watermark >= 0 and same_topic:
+                    out[key] = st.watermark
+        return out
 
     # ------------------------------------------------------------ control link
     def _start_control(self) -> None:
@@ -344,7 +543,7 @@ class Wrapper:
         return control_pb2.Hello(
             version=protocol.current_version(),
             wrapper_id=self.wrapper_id,
-            epoch=self._last_epoch,
+            epoch=self._parts.last_epoch,
             flow=self._flow.name,
             source_cluster_id=self._cluster_id,
         )
@@ -377,14 +576,15 @@ class Wrapper:
 
     def _progress(self) -> list[control_pb2.PartitionProgress]:
         out = []
-        for key in sorted(self._chain):
+        chain = self._parts.chain
+        for key in sorted(chain):
             try:
                 _low, high = self._consumer.get_watermark_offsets(TopicPartition(key.topic, key.partition), cached=True)
             except KafkaException:
                 high = -1
             out.append(
                 control_pb2.PartitionProgress(
-                    topic=key.topic, partition=key.partition, log_end_offset=high, last_wrapped_offset=self._chain[key]
+                    topic=key.topic, partition=key.partition, log_end_offset=high, last_wrapped_offset=chain[key]
                 )
             )
         return out
@@ -409,7 +609,15 @@ class Wrapper:
             resends_served=self._resender.served if self._links else 0,
             partitions=self._progress_snapshot,
             watermarks=[w for _, w in sorted(dict(self._watermarks).items())],
+            unavailable_reason=self._unavailable_reason(),
+            producer_rebuilds=self.producer_rebuilds,
         )
+
+    def _unavailable_reason(self) -> str:
+        for health in (self.source_health, self.target_health):
+            if not health.reachable:
+                return f"{health.name} unreachable: {health.reason}"
+        return f"recovering: {self._recovering}" if self._recovering else ""
 
     # ---------------------------------------------------------------- data path
     def _wrap(self, msgs: Sequence[Message]) -> None:
@@ -417,7 +625,7 @@ class Wrapper:
             msgs = self._records_only(msgs)
         for (topic, partition), run in partition_runs(msgs).items():
             key = PartitionKey(topic, partition)
-            if key not in self._chain:
+            if key not in self._parts.chain:
                 continue  # revoked while the batch was in hand
             self._send_run(key, run)
 
@@ -437,23 +645,24 @@ class Wrapper:
         produce = self._producer.produce
         for built in build_envelopes(
             run,
-            self._sources[key],
-            self._chain[key],
+            self._parts.sources[key],
+            self._parts.chain[key],
             wrapper_id=self.wrapper_id,
-            wrapper_epoch=self._epoch[key],
+            wrapper_epoch=self._parts.epoch[key],
             max_records=self._wc.envelope_max_records,
             max_bytes=self._wc.envelope_max_bytes,
         ):
             last = built.last_offset
-            epoch = self._epoch[key]
+            epoch = self._parts.epoch[key]
 
             def on_delivery(
                 err: KafkaError | None, _msg: Message, key: PartitionKey = key, last: int = last, epoch: int = epoch
             ) -> None:
-                if self._epoch.get(key) != epoch:
+                if self._parts.epoch.get(key) != epoch:
                     return  # report of an envelope sent before a rewind
                 if err is None:
                     self._tracker.acked(key, last)
+                    self.target_health.up()
                 else:
                     _log.error("staging write of %s up to offset %d failed: %s", key, last, err)
                     self._tracker.failed(key)
@@ -463,7 +672,7 @@ class Wrapper:
                     produce(
                         self._names.staging_topic,
                         value=built.value,
-                        key=self._staging_keys[key],
+                        key=self._parts.staging_keys[key],
                         partition=sp,
                         on_delivery=on_delivery,
                     )
@@ -472,244 +681,22 @@ class Wrapper:
                     # Local queue full: serve delivery reports to make room.
                     self._producer.poll(0.05)
             self._tracker.sent(key, last)
-            self._chain[key] = last
+            self._parts.chain[key] = last
             self.records_sent += built.record_count
             self.envelopes_sent += 1
 
     def _on_consume_error(self, msg: Message, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            self._on_consumer_error(err)  # acted on by the loop (_check_callbacks)
+            return
+        started = PartitionKey(str(msg.topic()), msg.partition() or 0) in self._parts.chain
+        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and started:
             raise SourceDataLostError(
                 f"source partition {msg.topic()}-{msg.partition()}: the next offset to replicate is no longer "
                 f"in the log ({err.str()}); records were deleted before they were replicated. Refusing to skip "
                 f"ahead. Inspect the loss, then reset the wrapper group {self._names.wrapper_group} offsets "
                 f"explicitly to continue."
             )
-        if err.fatal():
-            raise KafkaOperationError("source consumer", KafkaException(err))
-        _log.warning("source consumer: %s", err)
-
-    # ------------------------------------------------------------- commits
-    def _commit(self, keys: list[PartitionKey] | None = None, *, synchronous: bool = True) -> None:
-        """Commit the acknowledged prefix of each partition (of ``keys``, or all) to the source cluster.
-
-        Synchronous (shutdown, rewind, revoke: the next reader must find it): retriable
-        errors are retried within the admin budget, a rebalance's is logged and skipped.
-        The periodic commit is asynchronous: the loop does not wait for the round trip
-        (7-28 ms at 250 k rec/s here, every record behind it delayed by as much); its
-        outcome arrives in ``_on_commit``, and a failed one is covered by the next.
-        """
-        positions = self._tracker.commit_positions(keys)
-        if not positions:
-            if keys is None:
-                self._commit_failing_since = None  # everything acknowledged is committed
-            return
-        # The topic id rides along as commit metadata: after a source topic is
-        # deleted and re-created, old offsets are recognised as meaningless.
-        offsets = [
-            TopicPartition(k.topic, k.partition, nxt, metadata=self._sources[k].topic_id.hex())
-            for k, nxt in positions.items()
-            if k in self._sources
-        ]
-        if not offsets:
-            return  # librdkafka refuses an empty commit (_NO_OFFSET), which would stop the wrapper
-        if not synchronous:
-            try:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-            except KafkaException as exc:  # refused before it was sent
-                self._commit_failed(exc, "committing source offsets")
-            return
-        try:
-            retry_retriable(
-                lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
-                what="committing source offsets",
-                budget_s=_ADMIN_TIMEOUT_S,
-            )
-        except KafkaException as exc:
-            if classify(exc) is ErrorClass.ABORTABLE:
-                # A rebalance moved partitions: the new owner resumes from the
-                # last commit and the deduper drops what we already sent.
-                _log.warning("source offset commit skipped during a rebalance: %s", exc)
-                return
-            raise
-        self._tracker.mark_committed(positions)
-        self._commit_failing_since = None
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """Outcome of a source offset commit (consumer callback, on the loop thread)."""
-        if err is not None:
-            self._commit_failed(err, "committing source offsets")
-            return
-        done: dict[PartitionKey, int] = {}
-        for tp in partitions:
-            if tp.error is not None:
-                self._commit_failed(tp.error, f"committing source offset of {tp.topic}-{tp.partition}")
-            elif tp.offset >= 0:
-                done[PartitionKey(tp.topic, tp.partition)] = tp.offset
-        if done:
-            self._tracker.mark_committed(done)
-            if len(done) == len(partitions):
-                self._commit_failing_since = None
-
-    def _commit_failed(self, error: KafkaError | KafkaException, what: str) -> None:
-        """A commit the loop did not wait for failed: the next one covers it, unless it cannot pass.
-
-        A rebalance's error is only logged (the new owner resumes from the last commit).
-        Fenced or fatal errors stop the wrapper, as a synchronous commit's do; so do
-        retriable ones lasting the admin budget (a synchronous commit retries that long).
-        """
-        cls = classify(error)
-        if cls is ErrorClass.ABORTABLE:
-            _log.warning("%s skipped during a rebalance: %s", what, error)
-            return
-        if cls is ErrorClass.RETRIABLE:
-            now = time.monotonic()
-            if self._commit_failing_since is None:
-                self._commit_failing_since = now
-            if now - self._commit_failing_since < _ADMIN_TIMEOUT_S:
-                _log.warning("%s failed (%s); the next commit covers it", what, error)
-                return
-        self._fatal = KafkaOperationError(what, error if isinstance(error, KafkaException) else KafkaException(error))
-
-    def _rewind(self, why: str) -> None:
-        """Resume every partition just after its acknowledged prefix."""
-        self.rewinds += 1
-        _log.warning("rewinding the wrapper: %s", why)
-        self._producer.flush(self._wc.shutdown_timeout_s)
-        self._commit()
-        positions = self._tracker.rewind_positions()
-        for key, (nxt, logical) in positions.items():
-            self._restart_partition(key, nxt, logical)
-            self._consumer.seek(TopicPartition(key.topic, key.partition, nxt if logical is None else logical))
-
-    def _rebuild_producer(self) -> None:
-        err = self._producer_fatal
-        _log.error("staging producer hit a fatal error (%s); rebuilding it and rewinding", err)
-        self._producer_fatal = None
-        # Whatever was acknowledged before the error stays acknowledged.
-        self._producer.purge()
-        self._producer.flush(1.0)
-        self._producer = self._make_producer()
-        self._specs.producer = self._producer
-        for key in list(self._chain):
-            self._tracker.failed(key)
-        self._rewind("producer rebuilt")
-
-    def _restart_partition(self, key: PartitionKey, next_offset: int, logical: int | None = None) -> None:
-        """(Re)start reading key at next_offset (or a logical offset) under a new epoch.
-
-        The chain restarts at next_offset - 1: everything before next_offset was
-        acknowledged (we commit last offset + 1), or, for a logical start,
-        at -1 (the start of replication for the partition).
-        """
-        self._last_epoch += 1
-        self._epoch[key] = self._last_epoch
-        self._chain[key] = next_offset - 1 if logical is None else -1
-        self._tracker.start(key, next_offset, logical)
-
-    # ------------------------------------------------------------ rebalances
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        try:
-            self._assign(consumer, partitions)
-        except BaseException as exc:  # surfaced from the loop: callbacks must not raise
-            _log.exception("partition assignment failed")
-            self._fatal = exc
-            self._stop.set()
-
-    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if not partitions:
-            return
-        # Describe the assigned topics afresh: a topic deleted and re-created
-        # since we last looked has a new id, and envelopes must carry it.
-        self._specs.refresh(sorted({tp.topic for tp in partitions}))
-        committed = retry_retriable(
-            lambda: consumer.committed(partitions, timeout=_ADMIN_TIMEOUT_S),
-            what="reading committed source offsets",
-            budget_s=_ADMIN_TIMEOUT_S * 2,
-        )
-        for tp in committed:
-            topic_id = self._specs.published[tp.topic].topic_id
-            if tp.offset >= 0 and tp.metadata and tp.metadata != topic_id.hex():
-                _log.error(
-                    "source topic %s was re-created (topic id changed): its committed offset %d in partition %d "
-                    "belongs to the old topic and is ignored",
-                    tp.topic,
-                    tp.offset,
-                    tp.partition,
-                )
-                tp.offset = OFFSET_INVALID
-        missing = [PartitionKey(tp.topic, tp.partition) for tp in committed if tp.offset < 0]
-        watermarks = self._deduper_watermarks(missing) if missing else {}
-        start: list[TopicPartition] = []
-        for tp in committed:
-            key = PartitionKey(tp.topic, tp.partition)
-            spec = self._specs.published[tp.topic]
-            self._sources[key] = envelope_pb2.SourcePartition(
-                cluster_id=self._cluster_id, topic=tp.topic, topic_id=spec.topic_id, partition=tp.partition
-            )
-            self._staging_keys[key] = f"{tp.topic}/{tp.partition}".encode()
-            if tp.offset >= 0:
-                nxt = tp.offset
-            elif key in watermarks:
-                nxt = watermarks[key] + 1
-                _log.warning(
-                    "source partition %s has no committed offset in group %s but the deduper has replicated it up "
-                    "to offset %d: resuming at %d (offsets were reset or expired)",
-                    key,
-                    self._names.wrapper_group,
-                    watermarks[key],
-                    nxt,
-                )
-            else:
-                nxt = -1  # never replicated: the flow's start position
-            if nxt >= 0:
-                self._restart_partition(key, nxt)
-                start.append(TopicPartition(tp.topic, tp.partition, nxt))
-            else:
-                pos = OFFSET_BEGINNING if self._flow.start_position == "earliest" else OFFSET_END
-                self._restart_partition(key, 0, pos)
-                start.append(TopicPartition(tp.topic, tp.partition, pos))
-                _log.info("source partition %s is new to the flow: starting at %s", key, self._flow.start_position)
-        consumer.incremental_assign(start)
-        if self._paused:
-            consumer.pause(start)
-
-    def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
-        """Watermarks the deduper committed for keys (empty if it never ran)."""
-        admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
-        if self._names.state_topic not in topics.describe_topics(admin, [self._names.state_topic], _ADMIN_TIMEOUT_S):
-            return {}
-        parts = {envelope.staging_partition(k.topic, k.partition, self._flow.staging_partitions) for k in keys}
-        conf: dict[str, Any] = base_config(self._target, f"{self.wrapper_id}-state")
-        records = read_compacted(conf, self._names.state_topic, parts, _ADMIN_TIMEOUT_S * 2)
-        out: dict[PartitionKey, int] = {}
-        for recs in records.values():
-            for key, st in decode_watermarks(recs, self._cluster_id).items():
-                spec = self._specs.published.get(key.topic)
-                # A watermark of an earlier incarnation of the topic says nothing about this one.
-                same_topic = spec is not None and (not st.topic_id or st.topic_id == spec.topic_id)
-                if key in keys and st.watermark >= 0 and same_topic:
-                    out[key] = st.watermark
-        return out
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        keys = [PartitionKey(tp.topic, tp.partition) for tp in partitions]
-        try:
-            # Hand over cleanly: everything sent is acknowledged and committed,
-            # so the next owner re-sends nothing.
-            self._producer.flush(self._wc.shutdown_timeout_s)
-            self._commit(keys)
-        except (KafkaException, FerrymanError) as exc:
-            _log.warning("commit on revoke failed (%s): the next owner re-sends from the last commit", exc)
-        self._drop(keys)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        _log.warning("lost %d source partitions (session expired); the new owner re-sends", len(partitions))
-        self._drop([PartitionKey(tp.topic, tp.partition) for tp in partitions])
-
-    def _drop(self, keys: list[PartitionKey]) -> None:
-        for key in keys:
-            self._tracker.forget(key)
-            self._chain.pop(key, None)
-            self._epoch.pop(key, None)
+        self.source_health.client_error(err, "source consumer")

@@ -1,0 +1,159 @@
+"""The wrapper's source offset commits: what is safe to commit, and what a failed commit means.
+
+Source offsets are committed (to the source cluster) only up to the last
+envelope acknowledged with every envelope before it (``ProgressTracker``). A
+failed commit never loses or duplicates anything at the destination: the
+deduper drops what a successor re-sends from an older commit. So no commit
+failure stops the wrapper, except a fence of its static membership by a live
+twin (handled by the consumer's owner). A commit failing for longer than
+``STILL_FAILING_S`` marks the source cluster down (health NOT_SERVING, one log
+line per state change) until one passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from ferryman.errors import KafkaOperationError, WedgedCallError
+from ferryman.health import ClusterHealth
+from ferryman.kafka_errors import ErrorClass, classify, retry_retriable
+from ferryman.state import PartitionKey
+from ferryman.v1 import envelope_pb2
+from ferryman.watchdog import GRACE_S, Watchdog
+
+from ferryman_wrapper._progress import ProgressTracker
+
+_log = logging.getLogger(__name__)
+
+#: Budget of a synchronous commit (shutdown, rewind, revoke) including retries.
+SYNC_COMMIT_BUDGET_S = 30.0
+#: librdkafka has no timeout for a synchronous commit; the watchdog's deadline
+#: for one attempt (a commit round trip takes milliseconds; a coordinator
+#: moving takes seconds).
+_SYNC_ATTEMPT_DEADLINE_S = 10.0 + GRACE_S
+#: Commits failing this long mean the source cluster's coordinator is away.
+STILL_FAILING_S = 10.0
+
+
+class SourceCommits:
+    """Commits acknowledged source offsets, synchronously or not (loop thread only)."""
+
+    def __init__(
+        self,
+        *,
+        consumer: Callable[[], Consumer],
+        tracker: ProgressTracker,
+        sources: dict[PartitionKey, envelope_pb2.SourcePartition],
+        health: ClusterHealth,
+    ) -> None:
+        self._consumer = consumer
+        self._tracker = tracker
+        self._sources = sources
+        self._health = health
+        self._watchdog = Watchdog("source-commits")
+        #: Since when commits have been failing (None: the last one passed).
+        self._failing_since: float | None = None
+        self.wedged = False
+        """A synchronous commit was abandoned: the consumer must be replaced."""
+
+    def commit(self, keys: list[PartitionKey] | None = None, *, synchronous: bool = True) -> None:
+        """Commit the acknowledged prefix of each partition (of ``keys``, or all).
+
+        Synchronous (shutdown, rewind, revoke: the next reader must find it):
+        retriable errors are retried within SYNC_COMMIT_BUDGET_S. The periodic
+        commit is asynchronous: the loop does not wait for the round trip (7-28
+        ms at 250 k rec/s here, every record behind it delayed by as much); its
+        outcome arrives in ``on_commit``, and a failed one is covered by the next.
+        Neither raises for a failed commit: the next owner re-sends from the last one.
+        """
+        positions = self._tracker.commit_positions(keys)
+        if not positions:
+            if keys is None:
+                self._passed()  # everything acknowledged is committed
+            return
+        # The topic id rides along as commit metadata: after a source topic is
+        # deleted and re-created, old offsets are recognised as meaningless.
+        offsets = [
+            TopicPartition(k.topic, k.partition, nxt, metadata=self._sources[k].topic_id.hex())
+            for k, nxt in positions.items()
+            if k in self._sources
+        ]
+        if not offsets:
+            return  # librdkafka refuses an empty commit (_NO_OFFSET)
+        consumer = self._consumer()
+        if not synchronous:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=True)
+            except KafkaException as exc:  # refused before it was sent
+                self.failed(exc, "committing source offsets")
+            return
+        try:
+            retry_retriable(
+                lambda: self._watchdog.call(
+                    lambda: consumer.commit(offsets=offsets, asynchronous=False),
+                    what="committing source offsets",
+                    deadline_s=_SYNC_ATTEMPT_DEADLINE_S,
+                    client=consumer,
+                ),
+                what="committing source offsets",
+                budget_s=SYNC_COMMIT_BUDGET_S,
+            )
+        except WedgedCallError as exc:
+            self.wedged = True
+            self.failed(KafkaException(KafkaError(KafkaError._TIMED_OUT, str(exc))), "committing source offsets")
+            return
+        except (KafkaException, KafkaOperationError) as exc:
+            cause = exc.__cause__ if isinstance(exc, KafkaOperationError) else exc
+            self.failed(
+                cause if isinstance(cause, KafkaException) else KafkaException(KafkaError(KafkaError._FAIL)),
+                "committing source offsets",
+            )
+            return
+        self._tracker.mark_committed(positions)
+        self._passed()
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Outcome of an asynchronous commit (consumer callback, on the loop thread)."""
+        if err is not None:
+            self.failed(err, "committing source offsets")
+            return
+        done: dict[PartitionKey, int] = {}
+        for tp in partitions:
+            if tp.error is not None:
+                self.failed(tp.error, f"committing source offset of {tp.topic}-{tp.partition}")
+            elif tp.offset >= 0:
+                done[PartitionKey(tp.topic, tp.partition)] = tp.offset
+        if done:
+            self._tracker.mark_committed(done)
+            if len(done) == len(partitions):
+                self._passed()
+
+    def failed(self, error: KafkaError | KafkaException, what: str) -> None:
+        """A commit failed: log it (once per state change), mark the cluster down if it lasts."""
+        cls = classify(error)
+        if cls is ErrorClass.ABORTABLE:
+            # A rebalance moved partitions: the new owner resumes from the last commit.
+            _log.info("%s skipped during a rebalance: %s", what, error)
+            return
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            _log.warning("%s failed (%s); the next commit covers it", what, error)
+        if cls is not ErrorClass.RETRIABLE:
+            # Refused (an ACL, say): nothing clears it by itself, but granting it does, without a restart.
+            self._health.down(f"source offset commits refused: {error}")
+        elif now - self._failing_since >= STILL_FAILING_S:
+            self._health.down(f"source offset commits failing for {now - self._failing_since:.0f} s: {error}")
+
+    def _passed(self) -> None:
+        if self._failing_since is not None:
+            self._failing_since = None
+            _log.info("source offset commits pass again")
+        self._health.up()
+
+    def shutdown(self) -> None:
+        """Let the watchdog's worker thread end."""
+        self._watchdog.shutdown()
