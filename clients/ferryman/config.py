@@ -224,6 +224,9 @@ class WrapperConfig(_Model, frozen=True):
     """Control services of the flow's dedupers (host:port); empty disables the control link."""
     progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     """How often source progress is sent over the control link."""
+    metrics_address: str = "[::]:9450"
+    """Prometheus endpoint of the wrapper (``host:port``, served on any path, e.g. ``/metrics``); port 0
+    picks a free port, ``""`` turns it off. Values are read from the status snapshot at scrape time."""
     startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     """How long the wrapper waits at start-up for each cluster to answer before it exits
     (code 5, naming the cluster). Once running, an outage of any length is waited out."""
@@ -284,6 +287,9 @@ class DeduperConfig(_Model, frozen=True):
     ``produce()`` per record. The deduper logs which path it runs."""
     listen_address: str = "[::]:7460"
     """gRPC listen address of the deduper (control service, health, reflection, status)."""
+    metrics_address: str = "[::]:9460"
+    """Prometheus endpoint of the deduper (``host:port``, served on any path, e.g. ``/metrics``); port 0
+    picks a free port, ``""`` turns it off. Values are read from the status snapshot at scrape time."""
     watermark_interval_s: Annotated[float, Meta(gt=0)] = 1.0
     """How often committed watermarks are sent to connected wrappers."""
     backpressure_max_staging_lag: Annotated[int, Meta(ge=1)] = 200_000
