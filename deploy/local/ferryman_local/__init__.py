@@ -6,7 +6,8 @@
 does the same from a shell.
 """
 
-from ferryman_local._cluster import JVM_OPTIONS, SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
+from ferryman_local._broker import JVM_OPTIONS
+from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
 from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
 from ferryman_local._ports import reserve_port

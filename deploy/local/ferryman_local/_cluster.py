@@ -2,39 +2,36 @@
 
 from __future__ import annotations
 
-import atexit
 import base64
+import functools
 import json
 import logging
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-
-from ferryman_local import _process
+from ferryman_local._broker import (
+    BrokerProcess,
+    brokers_listed,
+    discard_data_at_exit,
+    groups_ready,
+    port_open,
+    transactions_ready,
+    wait_ready,
+)
 from ferryman_local._errors import ClusterStartError, HarnessError
-from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars, require_tool
-from ferryman_local._ports import port_free, reserve_port
+from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars
+from ferryman_local._ports import reserve_port
 
 _log = logging.getLogger("ferryman_local")
-# librdkafka's own log lines (connection refused while a broker starts, "coordinator load in
-# progress") go to Python logging instead of stderr.
-_client_log = logging.getLogger("ferryman_local.librdkafka")
 
 SINGLE_NODE_PROPERTIES: Mapping[str, str] = {
     # One node: every internal topic at replication factor 1 / min ISR 1.
@@ -71,27 +68,8 @@ SINGLE_NODE_PROPERTIES: Mapping[str, str] = {
 }
 """Broker settings every local cluster gets (extra properties override them)."""
 
-JVM_OPTIONS: tuple[str, ...] = (
-    "-Xms256m",
-    "-Xmx512m",
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
-    "-Djava.awt.headless=true",
-)
-"""JVM flags of a broker: a small fixed heap (~400 MB RSS), the single-threaded collector (2 cores),
-and the C1 compiler only. A local cluster lives for minutes, and C2 never finishes warming up in that
-time: on a 2-core machine, after a dozen 1 M-record copies, C2 compilation was still a third of the
-destination broker's CPU (25 CPU s in its first 11 minutes), landing on whatever was running. C1 compiled
-for under 1 CPU s over the same work, and the destination broker took 1.4-1.5 CPU s per million
-records copied by Ferryman instead of 2.4-3.9 (see docs/notes.md, session 8)."""
-
 _STATE_FILE = "cluster.json"
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
-# How often readiness is re-probed while a broker starts (~3.5 s); short, the probes are cheap.
-_PROBE_INTERVAL_S = 0.2
-# A single probe (TCP connect, metadata request) may take this long before it counts as failed.
-_PROBE_TIMEOUT_S = 5.0
-_LOG_TAIL_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -187,9 +165,8 @@ class LocalCluster:
         self.cluster_id = state.cluster_id
         self.work_dir = work_dir
         self._state = state
-        self._jars = jars
         self._extra = dict(extra_properties or {})
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._broker = BrokerProcess(state.name, work_dir, jars, port=state.port, controller_port=state.controller_port)
         self._lock = threading.RLock()
 
     @classmethod
@@ -226,8 +203,7 @@ class LocalCluster:
             ClusterStartError: formatting failed, or the broker exited or was not
                 ready in time (the message ends with its log tail).
         """
-        if not _NAME_RE.fullmatch(name):
-            raise HarnessError(f"cluster name {name!r}: use letters, digits, '.', '_' and '-' only")
+        check_cluster_name(name)
         jars = ensure_kafka_jars()
         temporary = work_dir is None
         wd = (work_dir or Path(tempfile.mkdtemp(prefix=f"ferryman-{name}-"))).resolve()
@@ -235,11 +211,7 @@ class LocalCluster:
         state_file = wd / _STATE_FILE
         if state_file.exists():
             state = _ClusterState.load(state_file)
-            if state.kafka_version != KAFKA_VERSION:
-                raise ClusterStartError(
-                    f"{wd} holds a Kafka {state.kafka_version} cluster; this harness runs {KAFKA_VERSION}. "
-                    "Delete the directory to start afresh."
-                )
+            check_kafka_version(state.kafka_version, wd)
             state = _ClusterState(name, state.cluster_id, state.port, state.controller_port, state.kafka_version)
         elif (wd / "data" / "meta.properties").exists():
             raise ClusterStartError(f"{wd} holds Kafka data but no {_STATE_FILE}; delete it or pick another dir")
@@ -247,15 +219,14 @@ class LocalCluster:
             state = _ClusterState(name, new_cluster_id(), reserve_port(), reserve_port(), KAFKA_VERSION)
         cluster = cls(state, wd, jars, extra_properties)
         if temporary:
-            with _temporary_lock:
-                _temporary.append(cluster)
+            discard_data_at_exit(cluster._broker)
         cluster._write_config()
         format_start = time.monotonic()
-        cluster._format()
+        cluster._broker.format(cluster.cluster_id, ["--standalone"])
         _log.info("%s: storage ready in %.1fs", name, time.monotonic() - format_start)
         state.save(state_file)
         try:
-            cluster._launch()
+            cluster._broker.launch()
             cluster._wait_ready(ready_timeout_s)
         except BaseException:
             cluster.kill()
@@ -265,23 +236,22 @@ class LocalCluster:
     @property
     def pid(self) -> int | None:
         """Process id of the broker JVM while it runs, else None."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        return self._broker.pid
 
     @property
     def server_log(self) -> Path:
         """The broker's log file (WARN and above, plus start-up and shutdown lines)."""
-        return self.work_dir / "logs" / "server.log"
+        return self._broker.server_log
 
     @property
     def data_dir(self) -> Path:
         """The broker's ``log.dirs``: every topic's data and the KRaft metadata log."""
-        return self.work_dir / "data"
+        return self._broker.data_dir
 
     @property
     def properties_path(self) -> Path:
         """The broker's ``server.properties``."""
-        return self.work_dir / "server.properties"
+        return self._broker.properties_path
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Shut the broker down in order (SIGTERM), SIGKILL after timeout_s. Idempotent.
@@ -290,26 +260,12 @@ class LocalCluster:
             timeout_s: how long the controlled shutdown may take.
         """
         with self._lock:
-            proc = self._proc
-            if proc is None:
-                return
-            _process.signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                _log.warning("%s: no clean shutdown within %.0fs; killing it", self.name, timeout_s)
-                self.kill()
-            _process.forget(proc)
+            self._broker.stop(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the broker, as a crash would. Idempotent."""
         with self._lock:
-            proc = self._proc
-            if proc is None:
-                return
-            _process.signal_group(proc, signal.SIGKILL)
-            proc.wait()  # SIGKILL cannot be ignored; this reaps it at once
-            _process.forget(proc)
+            self._broker.kill()
 
     def restart(self, ready_timeout_s: float = 90.0) -> None:
         """Stop the broker if it runs, then start it on the same ports with the same data.
@@ -323,7 +279,7 @@ class LocalCluster:
         with self._lock:
             self.stop()
             self._write_config()
-            self._launch()
+            self._broker.launch()
             self._wait_ready(ready_timeout_s)
 
     def __enter__(self) -> LocalCluster:
@@ -340,152 +296,46 @@ class LocalCluster:
     # -- internals -------------------------------------------------------------------------------
 
     def _write_config(self) -> None:
-        props = broker_properties(
-            port=self._state.port,
-            controller_port=self._state.controller_port,
-            data_dir=self.data_dir,
-            extra=self._extra,
-        )
-        self.properties_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        log4j = resources.files("ferryman_local").joinpath("kafka", "log4j2.xml").read_bytes()
-        (self.work_dir / "log4j2.xml").write_bytes(log4j)
-        (self.work_dir / "logs").mkdir(exist_ok=True)
-
-    def _java(self, main: str, *args: str) -> list[str]:
-        return [
-            require_tool("java"),
-            *JVM_OPTIONS,
-            f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
-            f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.xml'}",
-            "-cp",
-            f"{self._jars}/*",
-            main,
-            *args,
-        ]
-
-    def _format(self) -> None:
-        if (self.data_dir / "meta.properties").exists():
-            return
-        cmd = self._java(
-            "kafka.tools.StorageTool", "format", "--standalone", "-t", self.cluster_id, "-c", str(self.properties_path)
-        )
-        # A short-lived tool: plain subprocess.run, no process-group bookkeeping needed.
-        result = subprocess.run(cmd, cwd=self.work_dir, capture_output=True, text=True, check=False, timeout=120)
-        if result.returncode != 0:
-            output = (result.stdout + result.stderr)[-_LOG_TAIL_CHARS:]
-            raise ClusterStartError(f"formatting the storage of {self.name} failed:\n{output}")
-
-    def _launch(self) -> None:
-        busy = [p for p in (self._state.port, self._state.controller_port) if not port_free(p)]
-        if busy:
-            # Checked up front: otherwise the readiness probes could talk to whatever holds the port.
-            raise ClusterStartError(
-                f"{self.name}: port(s) {busy} on 127.0.0.1 are in use; is this cluster ({self.work_dir}) "
-                "already running in another process?"
+        self._broker.write_config(
+            broker_properties(
+                port=self._state.port,
+                controller_port=self._state.controller_port,
+                data_dir=self.data_dir,
+                extra=self._extra,
             )
-        with (self.work_dir / "stdout.log").open("ab") as out:
-            self._proc = _process.spawn(
-                self._java("kafka.Kafka", str(self.properties_path)), cwd=self.work_dir, output=out
-            )
-        _log.info(
-            "%s: broker pid %d on %s, work dir %s", self.name, self._proc.pid, self.bootstrap_servers, self.work_dir
         )
 
     def _wait_ready(self, timeout_s: float) -> None:
         """Wait until the listener, metadata, the transaction and the group coordinator all answer."""
-        started = time.monotonic()
-        deadline = started + timeout_s
-        phases: list[tuple[str, Callable[[float], bool]]] = [
-            ("client port accepts connections", self._port_open),
-            ("metadata lists the broker", self._metadata_ready),
-            # The first transaction and the first group create and load __transaction_state and
-            # __consumer_offsets; doing it here keeps that cost (and its flakiness) out of the tests.
-            ("transaction coordinator serves", self._transactions_ready),
-            ("group coordinator serves", self._groups_ready),
-        ]
-        timings = []
-        for what, attempt in phases:
-            phase_start = time.monotonic()
-            self._probe(what, attempt, deadline, timeout_s)
-            timings.append(f"{what} +{time.monotonic() - phase_start:.1f}s")
-        _log.info("%s: ready in %.1fs (%s)", self.name, time.monotonic() - started, ", ".join(timings))
-
-    def _probe(self, what: str, attempt: Callable[[float], bool], deadline: float, timeout_s: float) -> None:
-        last_error = ""
-        while True:
-            proc = self._proc
-            if proc is None or proc.poll() is not None:
-                code = None if proc is None else proc.returncode
-                raise ClusterStartError(f"broker {self.name} exited (code {code}) during start-up:\n{self._log_tail()}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ClusterStartError(
-                    f"broker {self.name} not ready within {timeout_s:.0f}s: {what} did not happen"
-                    f"{f' ({last_error})' if last_error else ''}\n{self._log_tail()}"
-                )
-            try:
-                if attempt(min(remaining, _PROBE_TIMEOUT_S)):
-                    return
-            except (KafkaException, OSError, RuntimeError) as exc:
-                last_error = str(exc)
-            time.sleep(_PROBE_INTERVAL_S)
-
-    def _port_open(self, timeout_s: float) -> bool:
-        with socket.create_connection(("127.0.0.1", self._state.port), timeout=timeout_s):
-            return True
-
-    def _metadata_ready(self, timeout_s: float) -> bool:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers}, logger=_client_log)
-        metadata = admin.list_topics(timeout=timeout_s)
-        if metadata.cluster_id != self.cluster_id:
-            raise ClusterStartError(
-                f"{self.bootstrap_servers} answers for cluster {metadata.cluster_id}, expected {self.cluster_id}: "
-                "another process holds the port"
-            )
-        return 1 in metadata.brokers
-
-    def _transactions_ready(self, timeout_s: float) -> bool:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap_servers,
-                "transactional.id": f"ferryman-local-warmup-{uuid.uuid4().hex}",
-                "logger": _client_log,
-            }
+        bootstrap = self.bootstrap_servers
+        wait_ready(
+            self.name,
+            [
+                ("client port accepts connections", functools.partial(port_open, self._state.port)),
+                ("metadata lists the broker", functools.partial(brokers_listed, bootstrap, self.cluster_id, [1])),
+                # The first transaction and the first group create and load __transaction_state and
+                # __consumer_offsets; doing it here keeps that cost (and its flakiness) out of the tests.
+                ("transaction coordinator serves", functools.partial(transactions_ready, bootstrap)),
+                ("group coordinator serves", functools.partial(groups_ready, bootstrap)),
+            ],
+            [self._broker],
+            timeout_s,
         )
-        producer.init_transactions(timeout_s)
-        return True
 
-    def _groups_ready(self, timeout_s: float) -> bool:
-        consumer = Consumer(
-            {"bootstrap.servers": self.bootstrap_servers, "group.id": "ferryman-local-warmup", "logger": _client_log}
+
+def check_cluster_name(name: str) -> None:
+    """Raise HarnessError unless name is usable in paths and log lines."""
+    if not _NAME_RE.fullmatch(name):
+        raise HarnessError(f"cluster name {name!r}: use letters, digits, '.', '_' and '-' only")
+
+
+def check_kafka_version(version: str, work_dir: Path) -> None:
+    """Raise ClusterStartError if the cluster in work_dir was made by another Kafka release than this harness runs."""
+    if version != KAFKA_VERSION:
+        raise ClusterStartError(
+            f"{work_dir} holds a Kafka {version} cluster; this harness runs {KAFKA_VERSION}. "
+            "Delete the directory to start afresh."
         )
-        try:
-            consumer.committed([TopicPartition("ferryman-local-warmup", 0)], timeout=timeout_s)
-        finally:
-            consumer.close()
-        return True
-
-    def _log_tail(self) -> str:
-        parts = []
-        for path in (self.work_dir / "stdout.log", self.server_log):
-            if path.exists():
-                parts.append(f"--- tail of {path}\n{path.read_text(errors='replace')[-_LOG_TAIL_CHARS:]}")
-        return "\n".join(parts) or f"(no logs in {self.work_dir})"
-
-
-_temporary: list[LocalCluster] = []
-_temporary_lock = threading.Lock()
-
-
-@atexit.register
-def _drop_temporary_data() -> None:
-    # Benchmarks write hundreds of MB; temp dirs nobody asked for must not fill /tmp.
-    with _temporary_lock:
-        clusters = list(_temporary)
-        _temporary.clear()
-    for c in clusters:
-        c.kill()
-        shutil.rmtree(c.work_dir / "data", ignore_errors=True)
 
 
 def start_clusters(
