@@ -8,8 +8,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from ferryman_local import JarResolutionError, ToolMissingError, ensure_kafka_jars
+from ferryman_local import (
+    ClusterNode,
+    JarResolutionError,
+    ToolMissingError,
+    coordinator_partition,
+    ensure_kafka_jars,
+    java_string_hash,
+    replication_properties,
+)
 from ferryman_local._cluster import broker_properties, new_cluster_id
+from ferryman_local._multinode import initial_controllers, node_properties
 from ferryman_local.cli import main
 
 from tests.helpers.kafka import ConsumedRecord, assert_exact_copy, assert_sequences, unique_name
@@ -149,3 +158,57 @@ def test_sequences_report_the_first_gap() -> None:
         AssertionError, match=r"expected 3 values, got 2 \(1 missing.*index 1: expected b'v1', got b'v2'"
     ):
         assert_sequences(got, {0: [b"v0", b"v1", b"v2"]})
+
+
+@pytest.mark.parametrize(
+    ("text", "java_hash"),
+    [
+        ("", 0),
+        ("a", 97),
+        ("hello", 99162322),
+        # Overflows to a negative int, as most transactional ids of any length do.
+        ("ferryman-deduper.f.d1", -1095900539),
+        # The one string whose hash is Integer.MIN_VALUE, where Math.abs would overflow.
+        ("polygenelubricants", -(2**31)),
+        # Outside the BMP: Java hashes the two UTF-16 code units (0xD83D, 0xDE00).
+        ("\U0001f600", 0xD83D * 31 + 0xDE00),
+    ],
+)
+def test_java_string_hash_matches_javas(text: str, java_hash: int) -> None:
+    assert java_string_hash(text) == java_hash
+
+
+def test_coordinator_partition_is_kafkas_abs_hash_modulo() -> None:
+    assert coordinator_partition("ferryman-deduper.f.d1", 4) == 1095900539 % 4
+    assert coordinator_partition("polygenelubricants", 4) == 0  # Utils.abs(MIN_VALUE) is 0
+    assert [coordinator_partition(c, 4) for c in "abcd"] == [1, 2, 3, 0]
+    assert coordinator_partition("hello", 50) == 99162322 % 50
+
+
+def test_replication_properties_tolerate_one_node_down_from_three_nodes() -> None:
+    three = replication_properties(3)
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "share.coordinator.state.topic.replication.factor",
+        "default.replication.factor",
+    ):
+        assert three[key] == "3", key
+    for key in ("transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr", "min.insync.replicas"):
+        assert three[key] == "2", key
+    assert replication_properties(5)["default.replication.factor"] == "3"
+    assert replication_properties(1)["default.replication.factor"] == "1"
+    assert replication_properties(1)["min.insync.replicas"] == "1"
+
+
+def test_node_properties_make_every_node_a_voter_of_one_quorum(tmp_path: Path) -> None:
+    nodes = [ClusterNode(node_id=i, port=1000 + i, controller_port=2000 + i, directory_id=f"dir{i}") for i in (1, 2, 3)]
+    props = node_properties(nodes[1], nodes, data_dir=tmp_path, extra={"num.partitions": "3"})
+    assert props["node.id"] == "2"
+    assert props["process.roles"] == "broker,controller"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:1002,CONTROLLER://127.0.0.1:2002"
+    assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:2001,127.0.0.1:2002,127.0.0.1:2003"
+    assert props["transaction.state.log.replication.factor"] == "3"
+    assert props["num.partitions"] == "3"
+    assert "controller.quorum.voters" not in props  # a dynamic quorum: --initial-controllers formats it
+    assert initial_controllers(nodes) == "1@127.0.0.1:2001:dir1,2@127.0.0.1:2002:dir2,3@127.0.0.1:2003:dir3"

@@ -1,15 +1,30 @@
-"""Local Apache Kafka clusters (single-node KRaft on loopback) for tests, demos and benchmarks.
+"""Local Apache Kafka clusters (KRaft on loopback) for tests, demos and benchmarks.
 
-``LocalCluster.start(name)`` formats and starts one broker from jars that
-``ensure_kafka_jars()`` resolves once into a cache outside git;
+``LocalCluster.start(name)`` formats and starts a single-node cluster from jars
+that ``ensure_kafka_jars()`` resolves once into a cache outside git;
 ``start_clusters(names)`` starts several at once. ``python -m ferryman_local up``
-does the same from a shell.
+does the same from a shell. ``MultiNodeCluster.start(name, nodes=3)`` starts one
+cluster of several nodes whose nodes can be killed and restarted one at a time;
+``transaction_coordinator`` and ``group_coordinator`` name the node to take away.
 """
 
 from ferryman_local._broker import JVM_OPTIONS
 from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
-from ferryman_local._errors import ClusterStartError, HarnessError, JarResolutionError, ToolMissingError
+from ferryman_local._coordinators import (
+    coordinator_partition,
+    group_coordinator,
+    java_string_hash,
+    transaction_coordinator,
+)
+from ferryman_local._errors import (
+    ClusterStartError,
+    CoordinatorNotFoundError,
+    HarnessError,
+    JarResolutionError,
+    ToolMissingError,
+)
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
+from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication_properties
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
 
@@ -17,16 +32,24 @@ __all__ = [
     "JVM_OPTIONS",
     "KAFKA_VERSION",
     "SINGLE_NODE_PROPERTIES",
+    "ClusterNode",
     "ClusterStartError",
+    "CoordinatorNotFoundError",
     "HarnessError",
     "JarResolutionError",
     "LocalCluster",
+    "MultiNodeCluster",
     "ToolMissingError",
     "cache_dir",
+    "coordinator_partition",
     "ensure_kafka_jars",
     "forget",
+    "group_coordinator",
+    "java_string_hash",
+    "replication_properties",
     "reserve_port",
     "signal_group",
     "spawn",
     "start_clusters",
+    "transaction_coordinator",
 ]

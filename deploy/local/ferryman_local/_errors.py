@@ -25,3 +25,7 @@ class ClusterStartError(HarnessError):
 
     The message ends with the tail of the broker's logs.
     """
+
+
+class CoordinatorNotFoundError(HarnessError):
+    """No broker can be named as the coordinator of a transactional id or group right now."""
