@@ -43,7 +43,8 @@ class FerrymanRow(Row):
 
     def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
         opts = self.ctx.options
-        deduper: dict[str, Any] = {}
+        # A free metrics port per process (several run side by side); the endpoint runs as installed.
+        deduper: dict[str, Any] = {"metrics_address": "127.0.0.1:0"}
         if opts.ferryman_txn_ms is not None:
             deduper["transaction_interval_ms"] = opts.ferryman_txn_ms
         return {
@@ -64,6 +65,7 @@ class FerrymanRow(Row):
             ],
             "wrapper": {
                 "listen_address": "127.0.0.1:0",
+                "metrics_address": "127.0.0.1:0",
                 "compression_type": opts.staging_compression,
                 "deduper_addresses": deduper_addresses,
             },

@@ -60,12 +60,16 @@ def flow_config(
             "commit_interval_ms": 200,
             "topic_refresh_interval_s": 2.0,
             "listen_address": "127.0.0.1:0",
+            # Free ports: the metrics defaults (9450, 9460) may be taken on a shared machine, and a
+            # service that cannot serve its metrics exits, as for its gRPC address.
+            "metrics_address": "127.0.0.1:0",
             **dict(wrapper or {}),
         },
         "deduper": {
             "transaction_interval_ms": 200,
             "transaction_timeout_ms": 20000,
             "listen_address": "127.0.0.1:0",
+            "metrics_address": "127.0.0.1:0",
             **dict(deduper or {}),
         },
     }

@@ -186,10 +186,12 @@ def test_kafka_reo_environment_variables_are_a_complete_configuration(
         "KAFKA_CLUSTERS_DESTINATION_TOPIC": dst_topic,
         "APPLICATION_NAME": unique_name("app"),
         "FERRYMAN_DEDUPER__INSTANCE_ID": "reo1",
-        # Ephemeral ports: the documented defaults (7450, 7460) may be taken on a shared machine,
+        # Ephemeral ports: the documented defaults (7450, 7460, 9450, 9460) may be taken on a shared machine,
         # and a service that cannot listen exits (CI once saw 0 of 200 records that way).
         "FERRYMAN_WRAPPER__LISTEN_ADDRESS": "127.0.0.1:0",
         "FERRYMAN_DEDUPER__LISTEN_ADDRESS": "127.0.0.1:0",
+        "FERRYMAN_WRAPPER__METRICS_ADDRESS": "127.0.0.1:0",
+        "FERRYMAN_DEDUPER__METRICS_ADDRESS": "127.0.0.1:0",
     }
     services = [ServiceProcess(kind, None, tmp_path, env=env) for kind in ("wrapper", "deduper")]
     try:

@@ -140,8 +140,9 @@ def _replicate(
                     "instance_id": "demo-w1",
                     "listen_address": "127.0.0.1:0",
                     "deduper_addresses": [control],
+                    "metrics_address": "127.0.0.1:0",
                 },
-                "deduper": {"instance_id": "demo-1", "listen_address": control},
+                "deduper": {"instance_id": "demo-1", "listen_address": control, "metrics_address": "127.0.0.1:0"},
             },
             sort_keys=False,
         )

@@ -41,6 +41,7 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import EnvelopeError, FencedError, FerrymanError, WedgedCallError
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
+from ferryman.metrics import deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, offset_mapping
@@ -256,7 +257,10 @@ class Deduper:
             ],
             service_names=_SERVICE_NAMES,
         ) as self._server:
-            self._run_kafka()
+            # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
+            exporter = deduper_metrics(self._dc.metrics_address, self.status)
+            with exporter:
+                self._run_kafka()
 
     @property
     def port(self) -> int:

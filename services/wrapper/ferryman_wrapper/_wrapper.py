@@ -43,6 +43,7 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
+from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
@@ -234,7 +235,10 @@ class Wrapper:
             ],
             service_names=[_SERVICE_NAME],
         ) as self._server:
-            self._run_kafka()
+            # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
+            link = bool(self._wc.deduper_addresses)
+            with wrapper_metrics(self._wc.metrics_address, self.status, control_link=link):
+                self._run_kafka()
 
     @property
     def port(self) -> int:
