@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class PrometheusServer:
 
 @contextlib.contextmanager
 def running_prometheus(
-    work_dir: Path, jobs: dict[str, Sequence[str]], *, scrape_interval_s: float = 1.0
+    work_dir: Path, jobs: Mapping[str, Sequence[str]], *, scrape_interval_s: float = 1.0
 ) -> Iterator[PrometheusServer]:
     """A Prometheus server on a free loopback port scraping jobs (name -> ``host:port`` targets); stopped on exit."""
     work_dir.mkdir(parents=True, exist_ok=True)
