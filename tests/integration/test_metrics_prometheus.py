@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from ferryman import envelope
-from ferryman_local import reserve_port
+from ferryman_local import LocalPrometheus, reserve_port
 
 from tests.helpers.grpc_clients import local, start_linked_pair
 from tests.helpers.kafka import KafkaCluster, assert_sequences, create_topic, produce_sequences, read_all, wait_until
-from tests.helpers.prometheus import PrometheusServer, running_prometheus
+from tests.helpers.prometheus import running_prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ SCRAPE_S = 1.0
 SEEN_TIMEOUT_S = 20.0
 
 
-def _settles_at(prom: PrometheusServer, expr: str, expected: float) -> None:
+def _settles_at(prom: LocalPrometheus, expr: str, expected: float) -> None:
     """Wait until Prometheus reports expected for expr (one series)."""
     last: list[float | None] = [None]
 
@@ -41,7 +41,7 @@ def _settles_at(prom: PrometheusServer, expr: str, expected: float) -> None:
         raise AssertionError(f"{expr}: Prometheus says {last[0]}, expected {expected}") from exc
 
 
-def _per_partition(prom: PrometheusServer, expr: str) -> dict[int, float]:
+def _per_partition(prom: LocalPrometheus, expr: str) -> dict[int, float]:
     return {int(r["metric"]["partition"]): float(r["value"][1]) for r in prom.query(expr)}
 
 
@@ -76,8 +76,8 @@ def test_prometheus_counts_what_was_replicated_and_a_planted_duplicate_once(
 
             # What a separate consumer sees is what the deduper says it wrote, as Prometheus scraped it.
             _settles_at(prom, "ferryman_deduper_records_written_total", total)
-            wait_until(lambda: set(prom.targets_up().values()) == {"up"}, SEEN_TIMEOUT_S, message="targets up")
-            assert set(prom.targets_up()) == set(jobs)
+            all_up = {job: ["up"] for job in jobs}
+            wait_until(lambda: prom.target_health() == all_up, SEEN_TIMEOUT_S, message="both targets up")
             assert prom.value("ferryman_deduper_serving") == 1
             assert prom.value("ferryman_wrapper_serving") == 1
             sent = prom.value("ferryman_wrapper_records_sent_total")

@@ -6,6 +6,7 @@ that ``ensure_kafka_jars()`` resolves once into a cache outside git;
 does the same from a shell. ``MultiNodeCluster.start(name, nodes=3)`` starts one
 cluster of several nodes whose nodes can be killed and restarted one at a time;
 ``transaction_coordinator`` and ``group_coordinator`` name the node to take away.
+``LocalPrometheus.start(dir, jobs)`` runs a Prometheus server scraping Ferryman processes.
 """
 
 from ferryman_local._broker import JVM_OPTIONS
@@ -21,12 +22,14 @@ from ferryman_local._errors import (
     CoordinatorNotFoundError,
     HarnessError,
     JarResolutionError,
+    PrometheusStartError,
     ToolMissingError,
 )
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
 from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication_properties
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
+from ferryman_local._prometheus import LocalPrometheus
 
 __all__ = [
     "JVM_OPTIONS",
@@ -38,7 +41,9 @@ __all__ = [
     "HarnessError",
     "JarResolutionError",
     "LocalCluster",
+    "LocalPrometheus",
     "MultiNodeCluster",
+    "PrometheusStartError",
     "ToolMissingError",
     "cache_dir",
     "coordinator_partition",

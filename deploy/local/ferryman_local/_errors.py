@@ -29,3 +29,10 @@ class ClusterStartError(HarnessError):
 
 class CoordinatorNotFoundError(HarnessError):
     """No broker can be named as the coordinator of a transactional id or group right now."""
+
+
+class PrometheusStartError(HarnessError):
+    """A local Prometheus server exited at start or did not become ready in time.
+
+    The message ends with the tail of its log.
+    """
