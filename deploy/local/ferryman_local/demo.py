@@ -7,16 +7,23 @@
    by their gRPC control link, and each is killed with SIGKILL mid-stream and
    restarted;
 4. reads both topics back and prints the verdict (exit 0 only when exact).
+
+With ``--observe`` a local Prometheus server (Debian's ``prometheus``) scrapes
+both services from the start, with Ferryman's alert rules when the checkout
+has them, and its URL is printed; on a terminal it stays up after the verdict
+until Enter or Ctrl-C, to look at the run (restarts, duplicates dropped, lag).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,10 +33,20 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ferryman_local import reserve_port
 from ferryman_local._cluster import LocalCluster, start_clusters
+from ferryman_local._prometheus import LocalPrometheus
 from ferryman_local.verify import compare, read_topic
 
 _BIN = Path(sys.executable).parent
 PARTITIONS = 4
+#: Ferryman's alert rules, when running from a checkout (the installed package does not carry deploy/).
+_ALERT_RULES = Path(__file__).resolve().parents[2] / "prometheus" / "ferryman-alerts.yml"
+#: Queries printed with --observe, as links to Prometheus's graph page.
+_OBSERVE_QUERIES = (
+    "rate(ferryman_deduper_records_written_total[10s])",
+    "ferryman_deduper_duplicates_dropped_total",
+    "ferryman_deduper_lag_records",
+    "up",
+)
 
 
 def _say(msg: str) -> None:
@@ -94,8 +111,31 @@ class _Service:
             return None
 
 
-def run(work_dir: Path, records: int, rate: float) -> bool:
-    """Run the demo; True when the replica is exact."""
+def _observe(work_dir: Path, wrapper_metrics: str, deduper_metrics: str) -> LocalPrometheus:
+    """Start Prometheus scraping both services' metrics addresses and print where to look."""
+    rules = [_ALERT_RULES] if _ALERT_RULES.exists() else []
+    prometheus = LocalPrometheus.start(
+        work_dir / f"prometheus-{int(time.time())}",
+        {"ferryman-wrapper": [wrapper_metrics], "ferryman-deduper": [deduper_metrics]},
+        rule_files=rules,
+    )
+    _say(f"Prometheus: {prometheus.url} (scraping the wrapper at {wrapper_metrics}, the deduper at {deduper_metrics})")
+    for expr in _OBSERVE_QUERIES:
+        print(f"    {prometheus.url}/graph?g0.expr={urllib.parse.quote(expr)}&g0.tab=0&g0.range_input=5m", flush=True)
+    return prometheus
+
+
+def _linger(prometheus: LocalPrometheus) -> None:
+    """On a terminal, keep Prometheus up until Enter or Ctrl-C, so that the run can be looked at."""
+    if not sys.stdin.isatty():
+        return
+    _say(f"Prometheus keeps the run's figures at {prometheus.url}; press Enter (or Ctrl-C) to stop it")
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.stdin.readline()
+
+
+def run(work_dir: Path, records: int, rate: float, *, observe: bool = False) -> bool:
+    """Run the demo; True when the replica is exact. observe: start Prometheus beside it."""
     work_dir.mkdir(parents=True, exist_ok=True)
     logs = work_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -103,11 +143,21 @@ def run(work_dir: Path, records: int, rate: float) -> bool:
     clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
     src, dst = clusters
     services: list[_Service] = []
+    # Fixed metrics ports when observed (Prometheus must know them), free ones otherwise.
+    metrics = (f"127.0.0.1:{reserve_port()}", f"127.0.0.1:{reserve_port()}") if observe else ("127.0.0.1:0",) * 2
+    prometheus = _observe(work_dir, *metrics) if observe else None
     try:
-        return _replicate(src, dst=dst, work_dir=work_dir, logs=logs, records=records, rate=rate, services=services)
+        exact = _replicate(
+            src, dst=dst, work_dir=work_dir, logs=logs, records=records, rate=rate, services=services, metrics=metrics
+        )
+        if prometheus is not None:
+            _linger(prometheus)
+        return exact
     finally:
         for s in services:
             s.stop()
+        if prometheus is not None:
+            prometheus.stop()
         for c in clusters:
             c.stop()
 
@@ -121,6 +171,7 @@ def _replicate(
     records: int,
     rate: float,
     services: list[_Service],
+    metrics: tuple[str, str],
 ) -> bool:
     _say(f"source {src.bootstrap_servers} (cluster {src.cluster_id}), destination {dst.bootstrap_servers}")
     topic = "orders"
@@ -140,9 +191,9 @@ def _replicate(
                     "instance_id": "demo-w1",
                     "listen_address": "127.0.0.1:0",
                     "deduper_addresses": [control],
-                    "metrics_address": "127.0.0.1:0",
+                    "metrics_address": metrics[0],
                 },
-                "deduper": {"instance_id": "demo-1", "listen_address": control, "metrics_address": "127.0.0.1:0"},
+                "deduper": {"instance_id": "demo-1", "listen_address": control, "metrics_address": metrics[1]},
             },
             sort_keys=False,
         )
@@ -186,8 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=60_000, help="records to stream (default 60000)")
     parser.add_argument("--rate", type=float, default=5000.0, help="records per second (default 5000)")
     parser.add_argument("--dir", type=Path, default=Path(".ferryman/demo"), help="work directory")
+    parser.add_argument(
+        "--observe", action="store_true", help="start Prometheus beside the demo, scraping both services; print its URL"
+    )
     args = parser.parse_args(argv)
-    return 0 if run(args.dir, args.records, args.rate) else 1
+    return 0 if run(args.dir, args.records, args.rate, observe=args.observe) else 1
 
 
 if __name__ == "__main__":
