@@ -42,6 +42,31 @@ GRACE_S = 5.0
 MAX_ABANDONED = 8
 
 
+#: Clients given up without being closed, kept alive for the life of the process:
+#: closing a consumer in a fatal state (a static member fenced) never returns
+#: (confluent-kafka-go #1588 fixed the same wait in Go), and neither would the
+#: close its destructor does.
+_PARKED: list[object] = []
+
+
+def park(client: object) -> None:
+    """Give a client up without closing it (it is never used or closed again)."""
+    _PARKED.append(client)
+
+
+def close_or_park(close: Callable[[], object], client: object, *, what: str, deadline_s: float) -> None:
+    """Close a client, giving it up if the close does not return within deadline_s."""
+    watchdog = Watchdog(what)
+    try:
+        watchdog.call(close, what=what, deadline_s=deadline_s, client=client)
+    except WedgedCallError:
+        park(watchdog)
+    except Exception as exc:  # a failed close leaves nothing to do
+        _log.warning("%s: %s", what, exc)
+    finally:
+        watchdog.shutdown()
+
+
 class _Worker:
     """One daemon thread running submitted calls in order.
 

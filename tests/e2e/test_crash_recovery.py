@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import random
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from ferryman.status import deduper_status
 from tests.helpers.grpc_clients import local
 from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, flow_config, running_flow, write_config, write_flow_config
+from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.e2e
 
@@ -31,38 +31,6 @@ class _FlowConfigBase(TypedDict):
     destination_bootstrap: str
     flow: str
     topics: Sequence[str]
-
-
-class SequenceProducer(threading.Thread):
-    """Produces f"{topic}:{partition}:{i}" to every partition at a steady rate until done."""
-
-    def __init__(self, bootstrap: str, topics: list[str], per_partition: int, rate_per_s: float) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap = bootstrap
-        self.topics = topics
-        self.per_partition = per_partition
-        self.rate_per_s = rate_per_s
-        self.sent = 0
-        """Records handed to the producer so far (the stream's position)."""
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 10})
-            started = time.monotonic()
-            for i in range(self.per_partition):
-                for t in self.topics:
-                    for part in range(PARTITIONS):
-                        p.produce(t, value=f"{t}:{part}:{i}".encode(), key=f"k{i % 97}".encode(), partition=part)
-                        self.sent += 1
-                # Pace the stream so the kills land mid-stream.
-                ahead = self.sent / self.rate_per_s - (time.monotonic() - started)
-                if ahead > 0:
-                    time.sleep(ahead)
-                p.poll(0)
-            assert p.flush(60) == 0
-        except BaseException as exc:
-            self.error = exc
 
 
 @pytest.mark.parametrize(
@@ -97,7 +65,9 @@ def test_kill_9_wrapper_and_deduper_mid_stream(
     topics = [unique_name(f"crash{i}") for i in range(2)]
     for t in topics:
         create_topic(source_cluster.bootstrap_servers, t, PARTITIONS)
-    producer = SequenceProducer(source_cluster.bootstrap_servers, topics, per_partition=per_partition, rate_per_s=2500)
+    producer = SequenceProducer(
+        source_cluster.bootstrap_servers, topics, PARTITIONS, per_partition=per_partition, rate_per_s=2500
+    )
     with running_flow(
         source_cluster,
         destination_cluster,
@@ -151,7 +121,9 @@ def test_second_deduper_with_same_identity_is_fenced(
         flow=unique_name("flow"),
         topics=[topic],
     )
-    producer = SequenceProducer(source_cluster.bootstrap_servers, [topic], per_partition=4000, rate_per_s=2000)
+    producer = SequenceProducer(
+        source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=4000, rate_per_s=2000
+    )
     wrapper = ServiceProcess("wrapper", cfg, tmp_path).start()
     first = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "same"]).start()
     second = ServiceProcess("deduper", cfg, tmp_path, args=["--instance-id", "same"])

@@ -195,6 +195,7 @@ def running_flow(
     flow: str,
     topics: Sequence[str],
     wrapper_env: Mapping[str, str] | None = None,
+    deduper_env: Mapping[str, str] | None = None,
     **config: Any,
 ) -> Iterator[RunningFlow]:
     """Write a one-flow configuration, start a wrapper and a deduper (instance ``d1``), stop both on exit.
@@ -206,11 +207,12 @@ def running_flow(
         flow: the flow's name.
         topics: the flow's topic patterns.
         wrapper_env: more environment for the wrapper process.
+        deduper_env: more environment for the deduper process.
         **config: more ``flow_config`` arguments (``wrapper=``, ``deduper=``, ``extra_flow=``, ...).
     """
     path = write_flow_config(source, destination, log_dir, flow=flow, topics=topics, **config)
     wrapper = ServiceProcess("wrapper", path, log_dir, env=wrapper_env).start()
-    deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", "d1"]).start()
+    deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", "d1"], env=deduper_env).start()
     try:
         yield RunningFlow(path, wrapper, deduper)
     finally:

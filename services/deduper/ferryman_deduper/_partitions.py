@@ -34,6 +34,7 @@ from ferryman.health import ClusterHealth
 from ferryman.kafka_errors import retry_retriable
 from ferryman.state import PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
+from ferryman.watchdog import close_or_park, park
 
 from ferryman_deduper._decide import PartitionState
 
@@ -41,6 +42,8 @@ _log = logging.getLogger(__name__)
 
 #: Budget of the reads a restore makes (committed offsets, the state partitions).
 RESTORE_BUDGET_S = 30.0
+#: A consumer's close leaves the group (or, static, just stops); longer means it is stuck.
+CLOSE_DEADLINE_S = 15.0
 #: Two consumer fences within this window mean a live twin, not a broker restart.
 FENCE_WINDOW_S = 120.0
 
@@ -144,14 +147,11 @@ class StagingPartitions:
     def rebuild_consumer(self) -> None:
         """Drop the consumer and every partition it had; a new one rejoins and restores."""
         self.consumer_rebuilds += 1
-        old = self.consumer
+        # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
+        park(self.consumer)
         self.owned.clear()
         self.restoring.clear()
         self.committed.clear()
-        try:
-            old.close()
-        except (KafkaException, RuntimeError) as exc:
-            _log.warning("closing the fenced staging consumer: %s", exc)
         self.start()
 
     # ----------------------------------------------------------------- state
@@ -285,7 +285,8 @@ class StagingPartitions:
 
     def close(self) -> None:
         """Close the consumer (static member: the group keeps our partitions for a quick restart)."""
-        try:
-            self.consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            _log.warning("closing the staging consumer: %s", exc)
+        if self._consumer_fatal is not None:
+            return  # its close() would never return (ferryman.watchdog.park); the process is exiting
+        close_or_park(
+            self.consumer.close, self.consumer, what="closing the staging consumer", deadline_s=CLOSE_DEADLINE_S
+        )

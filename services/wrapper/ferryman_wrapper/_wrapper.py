@@ -49,6 +49,7 @@ from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
+from ferryman.watchdog import close_or_park, park
 
 from ferryman_wrapper._assignment import SourcePartitions
 from ferryman_wrapper._commits import SourceCommits
@@ -67,6 +68,8 @@ _SERVICE_NAME = "ferryman.v1.WrapperService"
 #: Two consumer fences within this window mean a live twin with our instance id,
 #: not our own earlier session fenced by a restarted broker.
 FENCE_WINDOW_S = 120.0
+#: A consumer's close commits nothing and leaves the group; longer means it is stuck.
+_CLOSE_DEADLINE_S = 15.0
 #: Backoff between recovery attempts while a cluster is away (first quick, then capped).
 _RECOVERY_BACKOFF_S = (0.2, 5.0)
 
@@ -433,7 +436,13 @@ class Wrapper:
         except (KafkaException, FerrymanError) as exc:
             _log.warning("final commit failed (%s); uncommitted records will be re-sent", exc)
         finally:
-            self._consumer.close()
+            if self._consumer_fatal is None:
+                close_or_park(
+                    self._consumer.close,
+                    self._consumer,
+                    what="closing the source consumer",
+                    deadline_s=_CLOSE_DEADLINE_S,
+                )
             self._commits.shutdown()
             for link in self._links:
                 link.stop()
@@ -486,12 +495,9 @@ class Wrapper:
         self.consumer_rebuilds += 1
         self._producer.flush(self._wc.shutdown_timeout_s)
         self._commits.commit()
-        old = self._consumer
         self._parts.drop_all()
-        try:
-            old.close()
-        except (KafkaException, RuntimeError) as exc:
-            _log.warning("closing the old source consumer: %s", exc)
+        # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
+        park(self._consumer)
         self._consumer = self._make_consumer()
         self._subscribe(self._subscribed)
 

@@ -1,0 +1,279 @@
+"""Broker restarts under a running flow: no service exits, the copy stays exact, work resumes quickly.
+
+Each case bounces one broker of a pair of clusters this module starts for
+itself (so the session's shared clusters are never disturbed), with both
+services running as processes the way a user runs them. Where the moment
+matters, a hook (``tests/helpers/hold_call``) holds the service right before
+the call in question; the test kills the broker, lets the call run against the
+dead broker, and restarts the broker while it is in progress:
+
+* destination broker: with a transaction open (any moment mid-stream), during
+  ``send_offsets_to_transaction`` (librdkafka #5511 made it wait for ever
+  here), during ``commit_transaction``;
+* source broker: while records are consumed, during a source offset commit.
+
+Each with SIGKILL, and a controlled shutdown (SIGTERM) too. The recovery time
+measured is from the broker being ready again to the first transaction
+committed at the destination after it (its last stable offsets move on).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from ferryman_local import LocalCluster, start_clusters
+
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.services import RunningFlow, ServiceProcess, running_flow
+from tests.helpers.streams import SequenceProducer
+
+pytestmark = pytest.mark.e2e
+
+_log = logging.getLogger(__name__)
+
+PARTITIONS = 4
+_HOOK = Path(__file__).parent.parent / "helpers" / "hold_call"
+#: The goal of issue 24: work resumes within 30 s of the broker being reachable again.
+RECOVERY_GOAL_S = 30.0
+#: How long a bounced broker stays down: a crash and a supervisor's restart.
+DOWN_S = (1.5, 4.0)
+
+
+@dataclass
+class Pair:
+    """The module's own source and destination clusters."""
+
+    source: LocalCluster
+    destination: LocalCluster
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    clusters = start_clusters(["bsource", "bdestination"], base_dir=tmp_path_factory.mktemp("bounce"))
+    try:
+        yield Pair(clusters[0], clusters[1])
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def destination_position(bootstrap: str, topic: str) -> int:
+    """Sum of the topic's last stable offsets: it moves on with every committed transaction."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(PARTITIONS))
+    except KafkaException:
+        return -1  # the destination is down, or the topic not there yet
+    finally:
+        consumer.close()
+
+
+def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:
+    """Crash (SIGKILL) or stop (SIGTERM) the broker, restart it after down_s; return when it was ready."""
+    if how is signal.SIGKILL:
+        cluster.kill()
+    else:
+        cluster.stop()
+    _log.info("%s broker down (%s) for %.1f s", cluster.name, how.name, down_s)
+    time.sleep(down_s)  # the outage itself: nothing to wait for
+    cluster.restart()
+    return time.monotonic()
+
+
+def await_recovery(bootstrap: str, topic: str, since: float) -> float:
+    """Seconds from since until the destination's committed position moves on."""
+    before = destination_position(bootstrap, topic)
+    wait_until(
+        lambda: destination_position(bootstrap, topic) > before,
+        RECOVERY_GOAL_S * 2,
+        0.1,
+        message="a transaction committed at the destination after the broker came back",
+    )
+    return time.monotonic() - since
+
+
+def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProducer) -> None:
+    producer.join(180)
+    assert producer.error is None, producer.error
+    src = read_all(pair.source.bootstrap_servers, topic)
+    expected = sum(len(v) for v in src.values())
+    assert expected == producer.sent
+    dst = read_all(pair.destination.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=180)
+    assert_exact_copy(src, dst)
+    for proc in (flow.wrapper, flow.deduper):
+        assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
+        assert proc.starts == 1
+    assert flow.wrapper.terminate() == 0
+    assert flow.deduper.terminate() == 0
+
+
+def hold_env(call: str, marker: Path) -> dict[str, str]:
+    return {
+        "PYTHONPATH": os.pathsep.join([str(_HOOK), os.environ.get("PYTHONPATH", "")]),
+        "FERRYMAN_TEST_HOLD_CALL": call,
+        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
+    }
+
+
+CASES = [
+    # (victim cluster, moment, broker shutdown); SIGKILL for every moment, SIGTERM for two in CI.
+    pytest.param("destination", "open-transaction", signal.SIGKILL, id="destination-kill-transaction-open"),
+    pytest.param("destination", "send_offsets_to_transaction", signal.SIGKILL, id="destination-kill-send-offsets"),
+    pytest.param("destination", "commit_transaction", signal.SIGKILL, id="destination-kill-commit"),
+    pytest.param("source", "consume", signal.SIGKILL, id="source-kill-consume"),
+    pytest.param("source", "source-commit", signal.SIGKILL, id="source-kill-offset-commit"),
+    pytest.param("destination", "commit_transaction", signal.SIGTERM, id="destination-stop-commit"),
+    pytest.param("source", "source-commit", signal.SIGTERM, id="source-stop-offset-commit"),
+    pytest.param(
+        "destination",
+        "open-transaction",
+        signal.SIGTERM,
+        id="destination-stop-transaction-open",
+        marks=pytest.mark.nightly,
+    ),
+    pytest.param(
+        "destination",
+        "send_offsets_to_transaction",
+        signal.SIGTERM,
+        id="destination-stop-send-offsets",
+        marks=pytest.mark.nightly,
+    ),
+    pytest.param("source", "consume", signal.SIGTERM, id="source-stop-consume", marks=pytest.mark.nightly),
+]
+
+
+@pytest.mark.parametrize(("victim", "moment", "how"), CASES)
+def test_a_broker_restart_is_ridden_through(
+    pair: Pair,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    victim: str,
+    moment: str,
+    how: signal.Signals,
+) -> None:
+    rng = random.Random(f"{victim}-{moment}-{how.name}")
+    topic = unique_name("bounce")
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    marker = tmp_path / "held"
+    held = moment not in ("open-transaction", "consume")
+    env = hold_env(moment, marker) if held else None
+    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=4000, rate_per_s=1600)
+    with running_flow(
+        pair.source,
+        pair.destination,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        wrapper_env=env if victim == "source" else None,
+        deduper_env=env if victim == "destination" else None,
+    ) as flow:
+        flow.deduper.wait_for_log("ready (now own", 60)
+        producer.start()
+        held_proc: ServiceProcess = flow.wrapper if victim == "source" else flow.deduper
+        if held:
+            wait_until(marker.exists, 60, message=f"{moment} reached and held")
+        else:
+            wait_until(lambda: producer.sent >= producer.per_partition * PARTITIONS // 3, 60, message="a third sent")
+        cluster = pair.source if victim == "source" else pair.destination
+        down_s = rng.uniform(*DOWN_S)
+        if held:
+            # The call runs against the dead broker: released right after the shutdown starts.
+            assert held_proc.proc is not None
+            if how is signal.SIGKILL:
+                cluster.kill()
+            else:
+                cluster.stop()
+            held_proc.proc.send_signal(signal.SIGUSR1)
+            time.sleep(down_s)  # the outage itself: nothing to wait for
+            cluster.restart()
+            back = time.monotonic()
+            assert marker.with_suffix(".released").exists()
+        else:
+            back = bounce(cluster, how, down_s)
+        recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back)
+        _log.info(
+            "%s broker %s during %s, down %.1f s: first commit %.1f s after it was back",
+            victim,
+            how.name,
+            moment,
+            down_s,
+            recovery_s,
+        )
+        check_copy(pair, flow, topic, producer)
+        assert recovery_s <= RECOVERY_GOAL_S, f"work resumed {recovery_s:.1f} s after the broker was back"
+
+
+@pytest.mark.parametrize(
+    ("per_partition", "rate_per_s", "bounces_each", "kills_each", "seed"),
+    [
+        # 100 000 records over ~80 s: three bounces of each cluster and two kill -9s of each service.
+        pytest.param(25_000, 1250, 3, 2, 20261125, id="6-bounces-4-kills"),
+        # The long variant (FERRYMAN_NIGHTLY=1): 300 000 records, 12 bounces, 12 kill -9s.
+        pytest.param(75_000, 1500, 6, 6, 20261126, id="12-bounces-12-kills", marks=pytest.mark.nightly),
+    ],
+)
+def test_broker_bounces_mixed_with_service_kills(
+    pair: Pair,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    per_partition: int,
+    rate_per_s: float,
+    bounces_each: int,
+    kills_each: int,
+    seed: int,
+) -> None:
+    """Both brokers bounced (mostly SIGKILL, some SIGTERM) and both services kill -9ed, in a seeded order."""
+    rng = random.Random(seed)
+    topic = unique_name("mixed")
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    producer = SequenceProducer(
+        pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=rate_per_s
+    )
+    events = ["source", "destination"] * bounces_each + ["wrapper", "deduper"] * kills_each
+    rng.shuffle(events)
+    figures: list[str] = []
+    with running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
+        flow.deduper.wait_for_log("ready (now own", 60)
+        producer.start()
+        for event in events:
+            time.sleep(rng.uniform(1.0, 4.0))  # a random moment mid-stream, by design
+            if event in ("wrapper", "deduper"):
+                proc = flow.wrapper if event == "wrapper" else flow.deduper
+                assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
+                proc.kill9()
+                proc.start()
+                figures.append(f"kill -9 {event}")
+                continue
+            cluster = pair.source if event == "source" else pair.destination
+            how = signal.SIGKILL if rng.random() < 0.75 else signal.SIGTERM
+            down_s = rng.uniform(*DOWN_S)
+            started = time.monotonic()
+            back = bounce(cluster, how, down_s)
+            recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back)
+            figures.append(
+                f"{event} {how.name}: down {back - started:.1f} s (restart included), "
+                f"first commit {recovery_s:.1f} s later"
+            )
+            assert recovery_s <= RECOVERY_GOAL_S, figures
+        _log.info("mixed run (seed %d, %d records): %s", seed, producer.per_partition * PARTITIONS, "; ".join(figures))
+        producer.join(300)
+        assert producer.error is None, producer.error
+        src = read_all(pair.source.bootstrap_servers, topic)
+        expected = sum(len(v) for v in src.values())
+        assert expected == per_partition * PARTITIONS
+        dst = read_all(pair.destination.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=300)
+        assert_exact_copy(src, dst)
+        for proc in (flow.wrapper, flow.deduper):
+            assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
+            assert proc.starts == kills_each + 1
+        assert flow.wrapper.terminate() == 0
+        assert flow.deduper.terminate() == 0

@@ -1,0 +1,72 @@
+"""Holds one Kafka call of a Ferryman service at a chosen moment until a test lets it go.
+
+A test puts this directory first on ``PYTHONPATH`` of one service process, with
+``FERRYMAN_TEST_HOLD_CALL`` naming the call and ``FERRYMAN_TEST_HOLD_MARKER`` a
+marker file:
+
+* ``commit_transaction``, ``send_offsets_to_transaction``: the deduper's
+  transactional call of that name (``Transaction.call``);
+* ``source-commit``: the wrapper's periodic source offset commit.
+
+The ``FERRYMAN_TEST_HOLD_AFTER``-th such call (default 10: replication is in
+full swing by then) creates the marker and waits, before it is made, until the
+process gets SIGUSR1. So a test can kill a broker exactly while that call is
+due, release it to run against the dead broker, and restart the broker while it
+is in progress. Everything else in the process is the real service.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_CALL = os.environ["FERRYMAN_TEST_HOLD_CALL"]
+_MARKER = Path(os.environ["FERRYMAN_TEST_HOLD_MARKER"])
+_AFTER = int(os.environ.get("FERRYMAN_TEST_HOLD_AFTER", "10"))
+_HOLD_LIMIT_S = 300.0  # never hang a forgotten process for ever
+_release = threading.Event()
+_calls = itertools.count(1)
+
+
+def _hold() -> None:
+    _MARKER.touch()
+    # Short waits: the SIGUSR1 handler runs on the main thread between them, whichever thread waits.
+    for _ in range(int(_HOLD_LIMIT_S / 0.05)):
+        if _release.wait(0.05):
+            break
+    _MARKER.with_suffix(".released").touch()
+
+
+def _due() -> bool:
+    return next(_calls) == _AFTER
+
+
+if _CALL == "source-commit":
+    from ferryman_wrapper import _commits
+
+    _real_commit = _commits.SourceCommits.commit
+
+    def _held_commit(self: _commits.SourceCommits, keys: Any = None, *, synchronous: bool = True) -> None:
+        if not synchronous and _due():
+            _hold()
+        _real_commit(self, keys, synchronous=synchronous)
+
+    _commits.SourceCommits.commit = _held_commit  # type: ignore[method-assign]
+else:
+    from ferryman_deduper import _transaction
+
+    _real_call = _transaction.Transaction.call
+
+    def _held_call(self: _transaction.Transaction, fn: Callable[[], Any], what: str) -> Any:
+        if what == _CALL and _due():
+            _hold()
+        return _real_call(self, fn, what)
+
+    _transaction.Transaction.call = _held_call  # type: ignore[method-assign]
+
+signal.signal(signal.SIGUSR1, lambda _signum, _frame: _release.set())

@@ -1,0 +1,101 @@
+"""Cluster reachability: one log line per state change (ferryman.health) and librdkafka's log (ferryman.kafka_log)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from confluent_kafka import KafkaError
+from confluent_kafka.admin import AdminClient
+from ferryman.config import ClusterConfig
+from ferryman.errors import ClusterUnreachableError
+from ferryman.health import STILL_DOWN_LOG_INTERVAL_S, ClusterHealth, wait_until_reachable
+from ferryman.kafka_log import REPEAT_INTERVAL_S, LibrdkafkaLog
+
+CLUSTER = ClusterConfig(bootstrap_servers="kafka-b:9092")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_outage_is_logged_once_then_periodically_then_once_when_it_ends(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    changes: list[bool] = []
+    health = ClusterHealth("backup", CLUSTER, on_change=lambda: changes.append(health.reachable), clock=clock)
+    caplog.set_level(logging.WARNING, logger="ferryman.health")
+    for _ in range(50):
+        health.down("all brokers down")
+        health.tick()
+    assert not health.reachable
+    assert health.reason == "all brokers down"
+    clock.now += STILL_DOWN_LOG_INTERVAL_S
+    health.tick()
+    health.tick()
+    clock.now += 2.5
+    health.up()
+    health.up()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "cluster 'backup' (kafka-b:9092) is unreachable: all brokers down; waiting it out",
+        f"cluster 'backup' (kafka-b:9092) still unreachable after {STILL_DOWN_LOG_INTERVAL_S:.0f} s: all brokers down",
+        f"cluster 'backup' (kafka-b:9092) is back after {STILL_DOWN_LOG_INTERVAL_S + 2.5:.1f} s",
+    ]
+    assert changes == [False, True]
+    assert health.outages == 1
+    assert health.last_outage_s == pytest.approx(STILL_DOWN_LOG_INTERVAL_S + 2.5)
+
+
+def test_client_errors_all_brokers_down_is_an_outage_a_failed_connection_is_noise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    health = ClusterHealth("backup", CLUSTER)
+    caplog.set_level(logging.WARNING, logger="ferryman.health")
+    health.client_error(KafkaError(KafkaError._TRANSPORT, "Connect to ipv4#127.0.0.1:9092 failed"), "producer")
+    assert health.reachable
+    assert caplog.records == []
+    health.client_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"), "producer")
+    assert not health.reachable
+    health.client_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), "producer")
+    assert "denied" in caplog.records[-1].getMessage()
+
+
+def test_an_unreachable_cluster_at_start_up_is_one_error_naming_it_and_the_setting() -> None:
+    # A loopback port nothing listens on: refused at once, the whole deadline spent retrying.
+    conf: dict[str, object] = {"bootstrap.servers": "127.0.0.1:1", "logger": LibrdkafkaLog("127.0.0.1:1")}
+    admin = AdminClient(conf)  # type: ignore[arg-type]  # the stubs do not know the logger property
+    with pytest.raises(ClusterUnreachableError) as caught:
+        wait_until_reachable(admin, "source", ClusterConfig(bootstrap_servers="127.0.0.1:1"), deadline_s=1.5)
+    message = str(caught.value)
+    assert "cluster 'source' (127.0.0.1:1)" in message
+    assert "startup_timeout_s" in message
+
+
+def test_librdkafka_connection_lines_go_to_debug_and_repeats_are_counted(caplog: pytest.LogCaptureFixture) -> None:
+    log = LibrdkafkaLog("kafka-b:9092")
+    caplog.set_level(logging.DEBUG, logger="ferryman.librdkafka")
+    fmt = "%s [%s] %s"
+    log.log(logging.ERROR, fmt, "FAIL", "rdkafka#producer-1", "Connect to ipv4#127.0.0.1:9092 failed")
+    assert caplog.records[-1].levelno == logging.DEBUG
+    for i in range(5):
+        log.log(logging.WARNING, fmt, "SESSTMOUT", "rdkafka#consumer-2", f"session timed out after {1000 + i} ms")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # the four repeats are held back
+
+
+def test_a_held_back_repeat_is_logged_again_with_its_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr("ferryman.kafka_log.time.monotonic", clock)
+    log = LibrdkafkaLog("kafka-b:9092")
+    caplog.set_level(logging.WARNING, logger="ferryman.librdkafka")
+    for _ in range(3):
+        log.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "c", "session timed out after 10013 ms")
+    clock.now += REPEAT_INTERVAL_S
+    log.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "c", "session timed out after 10020 ms")
+    assert [r.getMessage().endswith("(and 2 more like it in the last 30 s)") for r in caplog.records] == [False, True]

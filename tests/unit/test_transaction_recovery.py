@@ -1,0 +1,173 @@
+"""The deduper's recovery decisions (ferryman_deduper._transaction.Transaction), on a stand-in producer.
+
+Pure decision logic: which failure aborts, which rebuilds the producer, which
+stops the deduper as fenced, and that a recovery that fails (the cluster still
+away) is taken up again. That these paths keep the copy exact on real brokers is
+``tests/e2e/test_broker_restarts.py`` and ``tests/e2e/test_crash_recovery.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from ferryman.config import ClusterConfig, DeduperConfig
+from ferryman.errors import FencedError, WedgedCallError
+from ferryman.health import ClusterHealth
+from ferryman_deduper import _transaction
+from ferryman_deduper._transaction import Transaction
+
+
+@dataclass
+class FakeProducer:
+    """Records transactional calls; each may be told to fail or to hang."""
+
+    name: int
+    calls: list[str] = field(default_factory=list)
+    fail: dict[str, KafkaError] = field(default_factory=dict)
+    hang: set[str] = field(default_factory=set)
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    def _do(self, what: str) -> None:
+        self.calls.append(what)
+        if what in self.hang:
+            self.gate.wait(30)
+        if what in self.fail:
+            raise KafkaException(self.fail[what])
+
+    def init_transactions(self, _timeout: float) -> None:
+        self._do("init_transactions")
+
+    def begin_transaction(self) -> None:
+        self._do("begin_transaction")
+
+    def abort_transaction(self, _timeout: float = 0) -> None:
+        self._do("abort_transaction")
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self._do("commit_transaction")
+
+    def send_offsets_to_transaction(self, *_args: Any) -> None:
+        self._do("send_offsets_to_transaction")
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+    def purge(self) -> None:
+        self.calls.append("purge")
+
+
+class Producers:
+    def __init__(self) -> None:
+        self.made: list[FakeProducer] = []
+        self.init_fails: KafkaError | None = None
+
+    def __call__(self) -> tuple[Any, bool]:
+        p = FakeProducer(len(self.made))
+        if self.init_fails is not None:
+            p.fail["init_transactions"] = self.init_fails
+        self.made.append(p)
+        return p, False
+
+
+def txn(producers: Producers, **dc: Any) -> Transaction:
+    t = Transaction(
+        make_producer=producers,
+        dc=DeduperConfig(instance_id="d1", **dc),
+        exactly_once=True,
+        transactional_id="ferryman-deduper.f.d1",
+        health=ClusterHealth("dst", ClusterConfig(bootstrap_servers="h:9092")),
+    )
+    t.start()
+    t.begin()
+    return t
+
+
+def abortable(code: int = KafkaError._STATE) -> KafkaException:
+    return KafkaException(KafkaError(code, "abortable", txn_requires_abort=True))
+
+
+def test_an_abortable_failure_aborts_and_keeps_the_producer() -> None:
+    producers = Producers()
+    t = txn(producers)
+    t.recover(abortable(), "commit")
+    assert producers.made[0].calls[-1] == "abort_transaction"
+    assert len(producers.made) == 1
+    assert not t.open and t.stats.aborted == 1
+
+
+def test_a_failed_abort_rebuilds_the_producer() -> None:
+    producers = Producers()
+    t = txn(producers)
+    producers.made[0].fail["abort_transaction"] = KafkaError(KafkaError._FATAL, "gone", fatal=True)
+    t.recover(abortable(), "commit")
+    assert len(producers.made) == 2
+    assert producers.made[1].calls == ["init_transactions"]
+    assert t.stats.producer_rebuilds == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaError(KafkaError._TIMED_OUT, "outcome unknown", retriable=True),  # retries ran out
+        KafkaError(KafkaError._FATAL, "fatal", fatal=True),
+    ],
+)
+def test_an_unknown_outcome_or_a_fatal_error_rebuilds_the_producer(error: KafkaError) -> None:
+    producers = Producers()
+    t = txn(producers)
+    t.recover(KafkaException(error), "commit")
+    assert len(producers.made) == 2
+    assert "purge" in producers.made[0].calls
+
+
+def test_a_fence_of_a_young_transaction_is_a_live_twin_and_stops_the_deduper() -> None:
+    producers = Producers()
+    t = txn(producers)
+    with pytest.raises(FencedError, match="two live processes"):
+        t.recover(KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)), "commit")
+    assert len(producers.made) == 1  # rebuilding would fence the twin back
+
+
+def test_a_fence_of_a_transaction_older_than_its_timeout_is_our_own_and_rebuilds() -> None:
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    t.started = time.monotonic() - 2.0
+    t.recover(KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)), "commit")
+    assert len(producers.made) == 2
+
+
+def test_a_wedged_call_rebuilds_without_touching_the_abandoned_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_transaction, "CALL_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(_transaction, "GRACE_S", 0.1)
+    producers = Producers()
+    t = txn(producers)
+    stuck = producers.made[0]
+    stuck.hang.add("commit_transaction")
+    with pytest.raises(WedgedCallError):
+        t.call(lambda: stuck.commit_transaction(1), "commit_transaction")
+    t.recover(WedgedCallError("commit_transaction", 0.2), "commit")
+    assert len(producers.made) == 2
+    assert "purge" not in stuck.calls  # a call of its may still be running
+    assert t.stats.wedged_calls == 1
+    stuck.gate.set()
+
+
+def test_a_rebuild_that_fails_is_taken_up_again_by_the_next_recovery() -> None:
+    producers = Producers()
+    t = txn(producers)
+    producers.init_fails = KafkaError(KafkaError._FATAL, "init refused", fatal=True)
+    with pytest.raises(KafkaException):
+        t.recover(KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True)), "commit")
+    producers.init_fails = None
+    t.recover(KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True)), "commit")
+    assert producers.made[-1].calls == ["init_transactions"]
+    # The rebuild was due: no abort was tried on the broken producer in between.
+    assert "abort_transaction" not in producers.made[1].calls
