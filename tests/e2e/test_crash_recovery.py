@@ -184,7 +184,9 @@ def test_deduper_fenced_while_a_revoke_commits_its_transaction_neither_hangs_nor
     b = ServiceProcess("deduper", cfg_b, tmp_path, args=["--instance-id", "b"])
     try:
         a.wait_for_log("ready (now own", 60)
-        producer = SequenceProducer(source_cluster.bootstrap_servers, [topic], per_partition=200, rate_per_s=10_000)
+        producer = SequenceProducer(
+            source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=200, rate_per_s=10_000
+        )
         producer.run()
         assert producer.error is None
         # a has written every record into its open transaction (written, not committed).

@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -38,22 +36,22 @@ from confluent_kafka.admin import AdminClient
 from ferryman import envelope, rowproduce, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
-from ferryman.errors import EnvelopeError, FencedError, FerrymanError, WedgedCallError
+from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
 from ferryman.metrics import deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
-from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, offset_mapping
+from ferryman.state import COMPACTED_TOPIC_CONFIGS
 from ferryman.topics import InternalTopic
-from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+from ferryman.v1 import control_pb2, control_pb2_grpc
 
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
-from ferryman_deduper._decide import Verdict, decide
+from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
-from ferryman_deduper._gaps import Filled, GapTracker
+from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
-from ferryman_deduper._transaction import Slice, Transaction
+from ferryman_deduper._transaction import Transaction
 
 _log = logging.getLogger(__name__)
 
@@ -73,21 +71,6 @@ _RECOVERY_BACKOFF_S = (0.2, 5.0)
 def _abortable(why: str) -> KafkaException:
     """The failure of a transaction that must be aborted (never a producer rebuild, which would fence a twin)."""
     return KafkaException(KafkaError(KafkaError._STATE, why, txn_requires_abort=True))
-
-
-@dataclass
-class DeduperStats:
-    """Data-path counters since start (transactions: ``Transaction.stats``)."""
-
-    envelopes: int = 0
-    records_written: int = 0
-    duplicates_dropped: int = 0
-    gaps_detected: int = 0
-    bad_envelopes: int = 0
-    stale_topic_envelopes: int = 0
-    topics_recreated: int = 0
-    gaps_healed: int = 0
-    rewinds: int = 0
 
 
 class Deduper:
@@ -281,6 +264,17 @@ class Deduper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._txn.start()
+        self._data = DataPath(
+            flow=self._flow,
+            names=self._names,
+            instance_id=self.instance_id,
+            txn=self._txn,
+            parts=self._parts,
+            gaps=self._gaps,
+            destinations=self._destinations,
+            stats=self.stats,
+            recovering=lambda: self._recovery is not None,
+        )
         self._control = ControlTicker(
             hub=self._hub,
             dc=self._dc,
@@ -288,7 +282,7 @@ class Deduper:
             gaps=self._gaps,
             staging_lag=self._staging_lag,
             destination_trouble=self._destination_trouble,
-            process_resent=self._process_resent,
+            process_resent=self._data.process_resent,
             add_spec=self._destinations.add_spec,
         )
         self._parts.start()
@@ -370,7 +364,7 @@ class Deduper:
         if msgs:
             self.health.up()
         for msg in msgs:
-            self._process(msg)
+            self._data.process(msg)
             if self._txn.due(min_age):
                 self._budget_commit()
                 if self._recovery is not None:
@@ -470,7 +464,7 @@ class Deduper:
             committed = self._txn.commit(
                 staging_topic=self._names.staging_topic,
                 group_metadata=self._parts.consumer.consumer_group_metadata,
-                write_state=self._write_state,
+                write_state=self._data.write_state,
                 commit_consumer_offsets=lambda offsets: self._parts.consumer.commit(
                     offsets=offsets, asynchronous=False
                 ),
@@ -500,64 +494,6 @@ class Deduper:
             self._recovery = (_abortable("staging partitions lost"), "lost partitions")
         else:
             self._commit("revoke")
-
-    def _write_state(self) -> None:
-        # Mappings first: they learn the destination offset each state record names.
-        self._produce_mappings()
-        self._produce_state()
-
-    def _produce_state(self) -> None:
-        now_ms = int(time.time() * 1000)
-        n = self._flow.staging_partitions
-        parts = self._parts
-        for key, st in self._txn.pending.items():
-            value = state_pb2.WatermarkState(
-                watermark=st.watermark,
-                topic_id=st.topic_id,
-                retired_topic_ids=sorted(st.retired_topic_ids),
-                # Learnt from the offset map's delivery reports: without the map, never, so -1 (unknown).
-                destination_offset=parts.last_dest_offset.get(key, -1),
-                destination_topic=parts.dest_topics.get(key, ""),
-                updated_at_ms=now_ms,
-                deduper_id=self.instance_id,
-            )
-            self._txn.producer.produce(
-                self._names.state_topic,
-                key=key.encode(parts.cluster_ids.get(key, "")),
-                value=value.SerializeToString(),
-                partition=envelope.staging_partition(key.topic, key.partition, n),
-            )
-
-    def _produce_mappings(self) -> None:
-        n = self._flow.staging_partitions
-        for slc in self._txn.slices:
-            count = len(slc.source_offsets)
-            if slc.last_destination_offset >= 0:
-                # Slices of a key come in order: the last one ends at the key's new watermark.
-                self._parts.last_dest_offset[slc.key] = slc.last_destination_offset
-            if (
-                slc.first_destination_offset < 0
-                or slc.last_destination_offset - slc.first_destination_offset != count - 1
-            ):
-                _log.warning(
-                    "destination offsets of %s are not consecutive (%d..%d for %d records; another producer "
-                    "writes %s?): offset mapping for them not emitted",
-                    slc.key,
-                    slc.first_destination_offset,
-                    slc.last_destination_offset,
-                    count,
-                    slc.destination_topic,
-                )
-                continue
-            mapping = offset_mapping(
-                slc.source, slc.destination_topic, slc.first_destination_offset, slc.source_offsets
-            )
-            self._txn.producer.produce(
-                self._names.offset_map_topic,
-                key=f"{slc.key.topic}/{slc.key.partition}/{slc.source_offsets[0]}".encode(),
-                value=mapping.SerializeToString(),
-                partition=envelope.staging_partition(slc.key.topic, slc.key.partition, n),
-            )
 
     # ---------------------------------------------------------- status, close
     def _staging_lag(self) -> int:
@@ -610,169 +546,3 @@ class Deduper:
         self._txn.abort_quietly()
         self._txn.close()
         _log.info("deduper %s stopped: %s, %s", self.instance_id, self.stats, self._txn.stats)
-
-    # -------------------------------------------------------------- data path
-    def _process(self, msg: Message) -> None:
-        err = msg.error()
-        sp = msg.partition()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return
-            self._parts.on_consumer_error(err)  # a fatal one is acted on by the loop (_check_callbacks)
-            return
-        if sp is None or sp not in self._parts.owned:
-            return
-        self._txn.begin()
-        offset = msg.offset()
-        assert offset is not None
-        self._txn.next_offsets[sp] = offset + 1
-        self.stats.envelopes += 1
-        try:
-            env = envelope.decode(msg.value())
-        except EnvelopeError as exc:
-            self.stats.bad_envelopes += 1
-            _log.error(
-                "staging record %s-%d@%d is not a valid envelope and is skipped (no watermark moves, so a "
-                "resent copy is still accepted): %s",
-                self._names.staging_topic,
-                sp,
-                offset,
-                exc,
-            )
-            return
-        src = env.source
-        key = PartitionKey(src.topic, src.partition)
-        expected_sp = envelope.staging_partition(src.topic, src.partition, self._flow.staging_partitions)
-        if expected_sp != sp:
-            raise FerrymanError(
-                f"envelope of {key} found on staging partition {sp}, expected {expected_sp}: a wrapper with a "
-                f"different staging_partitions setting wrote to {self._names.staging_topic}"
-            )
-        self._apply(key, env, resent=False)
-
-    def _process_resent(self, env_msg: envelope_pb2.Envelope) -> None:
-        """An envelope that came over the control link in answer to a resend request."""
-        try:
-            env = envelope.verify(env_msg)
-        except EnvelopeError as exc:
-            self.stats.bad_envelopes += 1
-            _log.error("resent envelope rejected: %s", exc)
-            return
-        key = PartitionKey(env.source.topic, env.source.partition)
-        sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
-        if sp not in self._parts.owned or self._recovery is not None:
-            return  # another deduper owns it now, or we are rewinding; it will be asked for again
-        self._txn.begin()
-        self._apply(key, env, resent=True)
-
-    def _apply(self, key: PartitionKey, env: envelope.DecodedEnvelope, *, resent: bool) -> None:
-        """Decide on one envelope and act on the verdict (inside the open transaction)."""
-        src = env.source
-        state = self._txn.pending.get(key) or self._parts.committed.get(key)
-        d = decide(
-            state, src.topic_id, env.previous_offset, env.run.offsets, on_topic_recreated=self._flow.on_topic_recreated
-        )
-        if d.recreated:
-            self.stats.topics_recreated += 1
-            _log.error(
-                "source topic %s was re-created (new topic id) - partition %d: %s",
-                src.topic,
-                src.partition,
-                "watermark reset to -1, replicating the new topic into the same destination"
-                if d.verdict is not Verdict.HALTED
-                else "halting this partition (on_topic_recreated: halt)",
-            )
-        if d.new_state is not None:
-            self._txn.pending[key] = d.new_state
-            self._parts.cluster_ids[key] = src.cluster_id
-        verdict = d.verdict
-        if verdict is Verdict.ACCEPT:
-            self._write(key, src, env.run, d.start)
-            assert d.new_state is not None  # an ACCEPT always moves the watermark
-            self._fill_gap(key, d.new_state.watermark, resent=resent)
-        elif verdict is Verdict.DUPLICATE:
-            self.stats.duplicates_dropped += len(env.run)
-        elif verdict is Verdict.GAP:
-            self.stats.gaps_detected += 1
-            self._note_gap(key, src, d.missing_from, max(d.missing_to, env.last_offset))
-        elif verdict is Verdict.STALE_TOPIC:
-            self.stats.stale_topic_envelopes += 1
-
-    def _fill_gap(self, key: PartitionKey, watermark: int, *, resent: bool) -> None:
-        """Account for an accepted envelope that moved key's watermark to watermark."""
-        filled, gap = self._gaps.accepted(key, watermark)
-        if gap is None:
-            return
-        via = "over the control link (resend)" if resent else "through staging"
-        if filled is Filled.CLOSED:
-            if resent:
-                self.stats.gaps_healed += 1
-            _log.warning("gap in %s closed: records %d..%d arrived %s", key, gap.first_missing, gap.missing_to, via)
-        elif filled is Filled.REST_DUE:
-            _log.warning(
-                "gap in %s partly filled: records %d..%d arrived %s; asking for %d..%d now",
-                key,
-                gap.first_missing,
-                watermark,
-                via,
-                watermark + 1,
-                gap.missing_to,
-            )
-
-    def _note_gap(self, key: PartitionKey, src: envelope_pb2.SourcePartition, missing_from: int, upto: int) -> None:
-        if self._gaps.note(key, src, missing_from, upto):
-            _log.error(
-                "GAP in source partition %s: have up to offset %d, the next envelope follows offset %d; records "
-                "%d..%d have not arrived. Holding the partition until they do (not skipping)%s.",
-                key,
-                missing_from - 1,
-                upto,
-                missing_from,
-                upto,
-                "; asking the wrapper to resend them" if self._hub is not None else "",
-            )
-
-    def _write(self, key: PartitionKey, src: envelope_pb2.SourcePartition, run: envelope.RecordRun, start: int) -> None:
-        """Produce run[start:] to the destination, on the source's partition number, byte for byte."""
-        dest = self._destinations.resolve(src)
-        self._parts.dest_topics[key] = dest
-        partition = src.partition
-        count = len(run) - start
-        headers = run.header_column()
-        columns: list[Sequence[Any]] = [run.values, run.keys, run.timestamps_ms]
-        if headers is not None:
-            columns.append(headers)
-        producer, direct = self._txn.producer, self._txn.direct
-        if not self._flow.emit_offset_mappings:
-            rowproduce.produce_run(producer, dest, partition, columns, start=start, n=count, direct=direct)
-        else:
-            # Only the first and last record of a run carry a delivery callback:
-            # the offset map needs just those two destination offsets.
-            slc = Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
-            self._txn.slices.append(slc)
-            first_cb = self._slice_callback(slc, first=True, last=count == 1)
-            rowproduce.produce_row(producer, dest, partition, tuple(c[start] for c in columns), first_cb)
-            if count > 1:
-                rowproduce.produce_run(producer, dest, partition, columns, start=start + 1, n=count - 2, direct=direct)
-                last_row = tuple(c[start + count - 1] for c in columns)
-                last_cb = self._slice_callback(slc, first=False, last=True)
-                rowproduce.produce_row(producer, dest, partition, last_row, last_cb)
-        self._txn.records += count
-        self.stats.records_written += count
-
-    def _slice_callback(self, slc: Slice, *, first: bool, last: bool) -> Any:
-        txn = self._txn
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                txn.delivery_error = err
-                return
-            off = msg.offset()
-            if off is None:
-                return
-            if first:
-                slc.first_destination_offset = off
-            if last:
-                slc.last_destination_offset = off
-
-        return on_delivery
