@@ -305,6 +305,19 @@ class DeduperConfig(_Model, frozen=True):
             raise _FieldError("instance_id", "instance_id may only contain letters, digits, '.', '_' and '-'")
 
 
+class AuditorConfig(_Model, frozen=True):
+    """The audit scheduler (``ferryman audit schedule``): how often a flow is audited, how it stops."""
+
+    interval_s: Annotated[float, Meta(gt=0)] = 300.0
+    """Time from the start of one scheduled audit to the start of the next (a run that takes
+    longer is followed at once, never overlapped). Each run checks only what was committed
+    since the last verified position, so a shorter interval means smaller runs, not more work."""
+    shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
+    """On SIGTERM, how long a run in progress may take to finish and store its results before
+    its Spark job is cancelled and the run abandoned (nothing of it stored: the next run checks
+    that range again)."""
+
+
 class FerrymanConfig(_Model, frozen=True):
     """Everything a Ferryman service needs to run."""
 
@@ -318,6 +331,8 @@ class FerrymanConfig(_Model, frozen=True):
     """Deduper tuning."""
     rpc: RpcConfig = field(default_factory=RpcConfig)
     """gRPC transport security and authentication."""
+    auditor: AuditorConfig = field(default_factory=AuditorConfig)
+    """Audit scheduler settings."""
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flows]

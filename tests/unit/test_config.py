@@ -467,3 +467,16 @@ def test_no_flows_at_all_is_an_error_when_one_is_needed() -> None:
 def test_the_decode_hook_refuses_types_no_model_field_has() -> None:
     with pytest.raises(TypeError, match="no conversion to Decimal"):
         config_module._decode_hook(Decimal, "1.5")
+
+
+def test_auditor_section_defaults_and_environment(tmp_path: Path) -> None:
+    """The audit scheduler's settings: documented defaults, FERRYMAN_AUDITOR__* overrides, bounds checked."""
+    defaults = load_config(_file(tmp_path, MINIMAL), env={}).auditor
+    assert (defaults.interval_s, defaults.shutdown_timeout_s) == (300.0, 30.0)
+    cfg = load_config(
+        _file(tmp_path, MINIMAL),
+        env={"FERRYMAN_AUDITOR__INTERVAL_S": "60", "FERRYMAN_AUDITOR__SHUTDOWN_TIMEOUT_S": "0"},
+    )
+    assert (cfg.auditor.interval_s, cfg.auditor.shutdown_timeout_s) == (60.0, 0.0)
+    with pytest.raises(ConfigError, match=r"auditor\.interval_s"):
+        load_config(_file(tmp_path, MINIMAL), env={"FERRYMAN_AUDITOR__INTERVAL_S": "0"})

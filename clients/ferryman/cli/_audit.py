@@ -1,4 +1,4 @@
-"""``ferryman audit``: run an audit of a flow, list past audits, show one.
+"""``ferryman audit``: run an audit of a flow, run one every interval, list past audits, show one.
 
 The audit engine (``ferryman_auditor``: PySpark, pyarrow) is imported only
 when a command needs it, so the rest of the CLI starts without it.
@@ -7,6 +7,7 @@ when a command needs it, so the rest of the CLI starts without it.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -28,11 +30,13 @@ from ferryman.cli._common import (
     ConfigOption,
     FlowOption,
     OutputOption,
+    StopSignals,
     check_output,
     fail,
     load_flow,
 )
 from ferryman.client_config import base_config
+from ferryman.config import AuditorConfig, validated
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
 
@@ -157,6 +161,95 @@ def run(
         return fail(str(exc), EXIT_FAILED)
     _print_report(report, output)
     return EXIT_OK if report.verdict == "EXACTLY_ONCE" else EXIT_FINDING
+
+
+@group.command("schedule")
+def schedule(
+    *,
+    config: ConfigOption = None,
+    flow: FlowOption = None,
+    topic: Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")] = None,
+    interval_s: Annotated[
+        float | None,
+        typer.Option(
+            "--interval-s",
+            help="Seconds from the start of one audit to the start of the next (default: the configuration's "
+            "auditor.interval_s, 300; env FERRYMAN_AUDITOR__INTERVAL_S).",
+            show_default=False,
+        ),
+    ] = None,
+    shutdown_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--shutdown-timeout-s",
+            help="On SIGTERM, seconds a run in progress may take to finish before it is abandoned (default: "
+            "auditor.shutdown_timeout_s, 30; env FERRYMAN_AUDITOR__SHUTDOWN_TIMEOUT_S).",
+            show_default=False,
+        ),
+    ] = None,
+    master: Annotated[
+        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
+    ] = None,
+    reports_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(envvar="FERRYMAN_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR.")] = (
+        "INFO"
+    ),
+) -> int:
+    """Audit a flow every interval, each run since the last verified position, until SIGTERM or SIGINT.
+
+    One Spark session serves every run; each verdict is logged on stderr (reports: audit list, audit show).
+
+    On SIGTERM a run in progress gets --shutdown-timeout-s to finish, then it is abandoned (nothing stored).
+
+    Exit status once stopped: 0 all runs exactly once, 1 a run found a violation, 2 bad usage, 3 the last failed.
+    """
+    try:
+        if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
+        cfg, chosen = load_flow(config, flow)
+        overrides = {"interval_s": interval_s, "shutdown_timeout_s": shutdown_timeout_s}
+        auditor = validated(
+            AuditorConfig,
+            {**msgspec.structs.asdict(cfg.auditor), **{k: v for k, v in overrides.items() if v is not None}},
+            at=("auditor",),
+        )
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    logging.basicConfig(
+        level=log_level, format="%(asctime)s %(levelname)s ferryman-audit %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway connection otherwise
+    from ferryman_auditor import AuditSettings, flow_scheduler, spark_session  # noqa: PLC0415
+
+    signals = StopSignals()
+    signals.install()
+    try:
+        spark = spark_session(master)
+    except Exception as exc:  # PySpark raises its own classes (the JVM did not start, a bad master URL)
+        return fail(f"Spark did not start: {exc}", EXIT_FAILED)
+    try:
+        signals.install()  # again: PySpark installs a SIGINT handler of its own with its context
+        scheduler = flow_scheduler(
+            spark,
+            cfg,
+            chosen,
+            topics=tuple(topic) if topic else None,
+            settings=AuditSettings(reports_dir=reports_dir),
+            interval_s=auditor.interval_s,
+            shutdown_timeout_s=auditor.shutdown_timeout_s,
+        )
+        signals.forward_to(scheduler.shutdown)
+        outcome = scheduler.run()
+    finally:
+        spark.stop()
+    if outcome.usage_error is not None:
+        return fail(outcome.usage_error, EXIT_USAGE)
+    if outcome.violations:
+        return EXIT_FINDING
+    return EXIT_FAILED if outcome.last_failed else EXIT_OK
 
 
 @contextmanager

@@ -1,16 +1,22 @@
-"""What every command group shares: exit codes, loading the configuration, one-line errors."""
+"""What every command group shares: exit codes, loading the configuration, one-line errors, stop signals."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
 from ferryman.errors import ConfigError
+
+_log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FINDING = 1
@@ -59,3 +65,32 @@ def check_output(output: str) -> None:
     """
     if output not in ("text", "json"):
         raise ConfigError(f"--output must be text or json, not {output!r}")
+
+
+class StopSignals:
+    """SIGTERM and SIGINT as stop requests: counted until a target is attached, then forwarded to it."""
+
+    def __init__(self) -> None:
+        self._requests = 0
+        self._forwarded = 0
+        self._target: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT (from the main thread)."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def forward_to(self, target: Callable[[], None]) -> None:
+        """Send every request, past and future, to target (which must be signal-safe), each exactly once."""
+        self._target = target
+        # A signal from here on is forwarded by the handler, which counts it on both sides.
+        for _ in range(self._requests - self._forwarded):
+            self._forwarded += 1
+            target()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        _log.info("received %s: stopping", signal.Signals(signum).name)
+        self._requests += 1
+        if self._target is not None:
+            self._forwarded += 1
+            self._target()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 from ferryman.state import decode_watermarks, read_compacted
 from ferryman.topics import cluster_id, describe_topics, list_topic_names, watermark_offsets
 
-from ferryman_auditor._errors import AuditError, AuditUsageError
+from ferryman_auditor._errors import AuditCancelledError, AuditError, AuditUsageError
 from ferryman_auditor._plan import AuditRange, PartitionPlan, plan_partition
 from ferryman_auditor._report import AuditReport, PartitionReport, write_parquet
 from ferryman_auditor._store import AuditStore, Checkpoint
@@ -84,11 +85,19 @@ def run_audit(
     *,
     settings: AuditSettings | None = None,
     progress: Progress | None = None,
+    cancel: threading.Event | None = None,
 ) -> AuditReport:
     """Audit one flow over one range; store the results and return the report.
 
+    ``cancel`` stops a run before it stores anything: once set, a run that has
+    not started its Spark job does not start it, and a job that then fails
+    (the caller cancels it: ``SparkContext.cancelAllJobs``) is reported as
+    cancelled rather than failed. A run whose job has finished stores its
+    results whatever ``cancel`` says (that takes one budget at most).
+
     Raises:
         AuditUsageError: the range names a topic or partition the flow does not have.
+        AuditCancelledError: cancel was set before the results were computed.
         AuditError: a cluster could not be read or the results not stored.
     """
     settings = settings or AuditSettings()
@@ -114,6 +123,8 @@ def run_audit(
         dst.close()
     from ferryman_auditor._job import ClusterAccess, MapRead, run_job  # noqa: PLC0415 -- pyspark, pandas
 
+    if cancel is not None and cancel.is_set():
+        raise AuditCancelledError(f"the audit of flow {flow.name} was cancelled before its Spark job")
     say("reading and aligning")
     map_read = MapRead(names.offset_map_topic, map_start) if map_end is not None else None
     try:
@@ -125,6 +136,8 @@ def run_audit(
             map_read,
         )
     except Exception as exc:  # Spark wraps executor errors in its own classes: translated once, here
+        if cancel is not None and cancel.is_set():
+            raise AuditCancelledError(f"the audit job of flow {flow.name} was cancelled") from exc
         raise AuditError(f"the audit job of flow {flow.name} failed: {_first_line(exc)}") from exc
     report = AuditReport(
         run_id=run_id,

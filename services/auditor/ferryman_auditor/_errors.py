@@ -11,3 +11,7 @@ class AuditError(FerrymanError):
 
 class AuditUsageError(AuditError):
     """The audit was asked for something that cannot be (an unknown topic, partition or run)."""
+
+
+class AuditCancelledError(AuditError):
+    """The audit was cancelled before its results were stored (nothing of it was stored)."""

@@ -1,0 +1,142 @@
+"""``ferryman audit schedule`` as a process on real clusters: runs every interval, incrementally, stops on SIGTERM.
+
+The scheduler is started the way an operator starts it, next to a running flow
+(wrapper and deduper as processes) or a copy the test planted a fault in, and
+observed only from outside: ``ferryman audit list --output json``, its log and
+its exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.helpers.audit import audit_config, copy_topic, produce_copy, write_audit_config
+from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.services import BIN, running_flow
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+FIRST = 300  # per partition, before the scheduler starts
+MORE = 50  # per partition, while it runs
+#: A run here takes a few seconds (local[1]); the first also pays Spark's start and its Python workers' (~15-30 s
+#: on 2 cores; 2 min seen with other suites running real brokers beside it).
+_RUNS_BUDGET_S = 300.0
+#: SIGTERM to exit: the run in progress finishes (seconds), then Spark stops.
+_STOP_BUDGET_S = 90.0
+
+
+def _ferryman(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "ferryman"), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def _runs(config: Path) -> list[dict[str, Any]]:
+    listed = _ferryman("audit", "list", "--config", str(config), "--output", "json", "--limit", "0")
+    assert listed.returncode == 0, listed.stderr
+    runs: list[dict[str, Any]] = json.loads(listed.stdout)
+    return runs
+
+
+def _at_least(n: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return runs if len(runs) >= n else []
+
+
+@contextmanager
+def _scheduler(config: Path, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``ferryman audit schedule`` with its stderr in log; killed if the test leaves it running."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "ferryman"), "audit", "schedule", "--config", str(config), "--master", "local[1]", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the signals the test sends, and only those
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def _setup(
+    source: KafkaCluster, destination: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> tuple[str, str, Path]:
+    topic, dest = unique_name("scheduled"), unique_name("scheduled-copy")
+    create_topic(source.bootstrap_servers, topic, PARTITIONS)
+    produce_sequences(source.bootstrap_servers, topic, PARTITIONS, FIRST)
+    copy_topic(source, topic, destination, dest, PARTITIONS)
+    data = audit_config(source, destination, unique_name("flow"), [topic])
+    data["flows"][0]["naming"] = {"policy": "prefix", "rename": {topic: dest}}
+    return topic, dest, write_audit_config(tmp_path / "flow.yaml", data)
+
+
+def test_scheduler_audits_a_running_flow_every_interval_only_new_data_and_exits_0_on_sigterm(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_name("scheduled")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, FIRST)
+    dest = f"src.{topic}"
+    log = tmp_path / "schedule.log"
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
+        read_all(destination_cluster.bootstrap_servers, dest, expected=PARTITIONS * FIRST, timeout_s=120)
+        with _scheduler(flow.config, log, "--interval-s", "1") as proc:
+            runs = wait_until(lambda: _at_least(2, _runs(flow.config)), _RUNS_BUDGET_S, message="two runs")
+            assert runs[0]["expected"] == PARTITIONS * FIRST  # the first run checks everything replicated
+            assert all(r["expected"] == 0 for r in runs[1:]), runs  # then nothing new: nothing checked
+
+            # More data while the flow and the scheduler run: later runs check it, and only it (each run ends
+            # at the flow's committed watermark, so a record is checked once its copy is committed).
+            produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, MORE, start=FIRST)
+            wait_until(
+                lambda: sum(r["expected"] for r in _runs(flow.config)) >= PARTITIONS * (FIRST + MORE),
+                _RUNS_BUDGET_S,
+                message="runs of the new data",
+            )
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(_STOP_BUDGET_S)
+        stored = _runs(flow.config)
+    output = log.read_text(errors="replace")
+    assert code == 0, output[-4000:]
+    assert all(r["verdict"] == "EXACTLY_ONCE" for r in stored), stored
+    assert sum(r["expected"] for r in stored) == PARTITIONS * (FIRST + MORE)  # no record checked twice
+    assert all(r["found"] == r["expected"] for r in stored)
+    # Every stored run's verdict was logged, and the stop was orderly.
+    for r in stored:
+        assert f"audit {r['run_id']} of flow" in output
+    assert "received SIGTERM: stopping" in output
+    assert f"stopped after {len(stored)} run(s)" in output, output[-4000:]
+    assert "Traceback" not in output
+
+
+def test_scheduler_logs_a_violation_and_exits_1_on_sigterm_as_audit_run_would(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic, dest, config = _setup(source_cluster, destination_cluster, unique_name, tmp_path)
+    # A duplicate of one copy: the first run is a violation.
+    copy = read_all(destination_cluster.bootstrap_servers, dest, expected=PARTITIONS * FIRST)
+    producer = Producer({"bootstrap.servers": destination_cluster.bootstrap_servers})
+    produce_copy(producer, dest, copy[1][-1])
+    assert producer.flush(30) == 0
+    log = tmp_path / "schedule.log"
+    # An hour's interval: one run, then the scheduler waits; SIGTERM ends the wait at once.
+    with _scheduler(config, log, "--interval-s", "3600", "--shutdown-timeout-s", "0") as proc:
+        runs = wait_until(lambda: _runs(config), _RUNS_BUDGET_S, message="the first run")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(_STOP_BUDGET_S)
+    output = log.read_text(errors="replace")
+    assert [r["verdict"] for r in runs] == ["VIOLATED"]
+    assert runs[0]["duplicated"] == 1
+    assert code == 1, output[-4000:]
+    assert f"ERROR ferryman-audit ferryman_auditor._schedule: audit {runs[0]['run_id']}" in output
+    assert f"{topic}-1 (missing 0, duplicated 1" in output
