@@ -119,13 +119,14 @@ def read_compacted(
     try:
         deadline = time.monotonic() + timeout_s
 
-        # An empty partition (low == high watermark) has nothing to restore. The
-        # topic may have been created a moment ago: leadership moves are retried.
-        def nonempty(p: int) -> bool:
-            w = watermark_offsets(consumer, topic, p, budget_s=timeout_s)
-            return w is None or w[0] < w[1]
-
-        pending = {p for p in parts if nonempty(p)}
+        # Each partition is read to the end offset the broker gives now (the last stable
+        # offset, read_committed), not to the first end-of-partition event: just after a
+        # leader change the new leader's high watermark can lag what was committed, and
+        # fetches end early at it. Asking for the offsets is refused meanwhile
+        # (OFFSET_NOT_AVAILABLE, KIP-207) and retried, like a leadership move or a topic
+        # created a moment ago. An empty partition (low == end) has nothing to restore.
+        ends = {p: watermark_offsets(consumer, topic, p, budget_s=timeout_s) for p in parts}
+        pending = {p for p, (low, end) in ends.items() if low < end}
         if not pending:
             return out
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
@@ -138,8 +139,11 @@ def read_compacted(
             for msg in consumer.consume(num_messages=1000, timeout=0.2):
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition() or 0)
+                    eof_at = msg.offset()
+                    if err.code() == KafkaError._PARTITION_EOF and eof_at is not None:
+                        part_eof = msg.partition() or 0
+                        if eof_at >= ends[part_eof][1]:
+                            pending.discard(part_eof)
                         continue
                     raise KafkaException(err)
                 key = msg.key()

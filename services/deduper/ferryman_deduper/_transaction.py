@@ -251,12 +251,22 @@ class Transaction:
         return committed
 
     def _flush_delivered(self) -> None:
-        """Flush the producer; raise the first failed delivery, or a timeout with records left."""
-        remaining = self.call(lambda: self.producer.flush(CALL_TIMEOUT_S), "flushing destination records")
-        if self.delivery_error is not None:
-            raise KafkaException(self.delivery_error)
-        if remaining:
-            raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
+        """Flush the producer; raise the first failed delivery, or a timeout with records left.
+
+        Flushed in CALL_TIMEOUT_S attempts for up to operation_timeout_s: a
+        partition leader moving to another broker holds deliveries back for
+        5-13 s (three local brokers), and the transaction need not be aborted
+        for that (a single 5 s attempt aborted one per leader change).
+        """
+        deadline = time.monotonic() + self._dc.operation_timeout_s
+        while True:
+            remaining = self.call(lambda: self.producer.flush(CALL_TIMEOUT_S), "flushing destination records")
+            if self.delivery_error is not None:
+                raise KafkaException(self.delivery_error)
+            if not remaining:
+                return
+            if time.monotonic() >= deadline:
+                raise KafkaOperationError("flushing destination records", TimeoutError(f"{remaining} left"))
 
     # ------------------------------------------------------------- recovery
     def recover(self, exc: BaseException, what: str) -> None:
