@@ -209,3 +209,17 @@ def test_positions_of_partitions_no_longer_described_send_no_commit() -> None:
     s.commits.commit(synchronous=False)
     s.commits.commit()
     assert s.consumer.calls == []
+
+
+def test_one_asynchronous_commit_at_a_time_while_the_last_has_not_reported(clock: _Clock) -> None:
+    """A rebalance waits for every commit in progress: commits queued during an outage kept it from completing."""
+    s = commits_with_acks()
+    s.commits.commit(synchronous=False)
+    s.commits.commit(synchronous=False)
+    assert len(s.consumer.calls) == 1
+    s.commits.on_commit(KafkaError(KafkaError._WAIT_COORD), report(_Report("orders", 0, 100)))
+    s.commits.commit(synchronous=False)
+    assert len(s.consumer.calls) == 2
+    clock.now += 30  # a report that never comes is given up
+    s.commits.commit(synchronous=False)
+    assert len(s.consumer.calls) == 3

@@ -36,6 +36,13 @@ SYNC_COMMIT_BUDGET_S = 30.0
 _SYNC_ATTEMPT_DEADLINE_S = 10.0 + GRACE_S
 #: Commits failing this long mean the source cluster's coordinator is away.
 STILL_FAILING_S = 10.0
+#: At most one asynchronous commit is in flight. While the group coordinator is
+#: away librdkafka holds each commit back, and a rebalance (the session expired
+#: meanwhile) waits for every commit in progress before it completes: one
+#: commit a second for the length of an outage (43 were seen) kept the wrapper's
+#: partitions unassigned, and the wrapper idle, for good after the broker was
+#: back. A report that never comes is given up after this long.
+ASYNC_REPORT_WAIT_S = 30.0
 
 
 class SourceCommits:
@@ -56,6 +63,8 @@ class SourceCommits:
         self._watchdog = Watchdog("source-commits")
         #: Since when commits have been failing (None: the last one passed).
         self._failing_since: float | None = None
+        #: When the asynchronous commit in flight was sent (None: none is).
+        self._async_sent_at: float | None = None
         self.wedged = False
         """A synchronous commit was abandoned: the consumer must be replaced."""
 
@@ -85,9 +94,14 @@ class SourceCommits:
             return  # librdkafka refuses an empty commit (_NO_OFFSET)
         consumer = self._consumer()
         if not synchronous:
+            now = time.monotonic()
+            if self._async_sent_at is not None and now - self._async_sent_at < ASYNC_REPORT_WAIT_S:
+                return  # the last one has not reported yet; the next interval covers this one
+            self._async_sent_at = now
             try:
                 consumer.commit(offsets=offsets, asynchronous=True)
             except KafkaException as exc:  # refused before it was sent
+                self._async_sent_at = None
                 self.failed(exc, "committing source offsets")
             return
         try:
@@ -117,6 +131,7 @@ class SourceCommits:
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Outcome of an asynchronous commit (consumer callback, on the loop thread)."""
+        self._async_sent_at = None
         if err is not None:
             self.failed(err, "committing source offsets")
             return
