@@ -78,6 +78,9 @@ _TRANSIENT_CODES = frozenset(
         KafkaError._WAIT_COORD,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._RESOLVE,
+        # The client's metadata does not show a partition yet (a topic created a
+        # moment ago, on a cluster of several brokers).
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 

@@ -120,24 +120,10 @@ def _replication_factors(bootstrap: str, names: Callable[[str], bool]) -> dict[s
     }
 
 
-# A service that creates its internal topics on a multi-node cluster can ask a broker for their
-# configs before that broker has the new topics' metadata: ferryman.topics._topic_configs gets
-# UNKNOWN_TOPIC_OR_PART, which nothing retries, and the service exits 1 at start-up (5 of 20
-# ensure_internal_topics calls on this three-node cluster). Reported, not fixed here; until it is
-# fixed, a run that meets exactly this is an expected failure, anything else a failure.
-_STARTUP_RACE = "unrecoverable Kafka error: KafkaError{code=UNKNOWN_TOPIC_OR_PART"
-
-
 def _wait_started(flow: RunningFlow) -> None:
-    """Wait for the deduper to own its partitions; xfail on the known start-up race (see above)."""
-    try:
-        flow.deduper.wait_for_log("ready (now own", 60)
-        _check_alive(flow, "at start-up")
-    except AssertionError:
-        for proc in (flow.wrapper, flow.deduper):
-            if not proc.alive and _STARTUP_RACE in proc.output():
-                pytest.xfail(f"{proc.kind} exited at start-up on a just-created topic's configs (known, reported)")
-        raise
+    """Wait for the deduper to own its partitions (a new topic's configs are retried across brokers)."""
+    flow.deduper.wait_for_log("ready (now own", 60)
+    _check_alive(flow, "at start-up")
 
 
 def _check_alive(flow: RunningFlow, when: str) -> None:
