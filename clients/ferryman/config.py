@@ -4,9 +4,9 @@ A configuration names clusters by alias and lists replication flows between
 them (the vocabulary of MirrorMaker 2 and managed-Kafka replication flows).
 It comes from one YAML file (``--config``), environment overrides of the form
 ``FERRYMAN_<SECTION>__<FIELD>[__<FIELD>...]`` (for example
-``FERRYMAN_DEDUPER__INSTANCE_ID=d1``) and, for drop-in compatibility with
-kafka-reo, the ``KAFKA_CLUSTERS_*`` variables, which on their own describe a
-complete one-topic flow. Nothing below the services' ``cli`` modules reads the
+``FERRYMAN_DEDUPER__INSTANCE_ID=d1``; lists and maps too, as ``ferryman._config_env``
+describes) and, for drop-in compatibility with kafka-reo, the ``KAFKA_CLUSTERS_*``
+variables, which on their own describe a complete one-topic flow. Nothing below the services' ``cli`` modules reads the
 environment or files.
 """
 
@@ -23,6 +23,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct, field
 
+from ferryman._config_env import apply_env_overrides
 from ferryman.errors import ConfigError
 
 #: Topics never replicated unless a flow names them explicitly: Kafka's own
@@ -400,20 +401,6 @@ def _seed_config(env: Mapping[str, str]) -> dict[str, Any] | None:
     }
 
 
-def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> None:
-    for name, value in sorted(env.items()):
-        if not name.startswith("FERRYMAN_") or "__" not in name:
-            continue
-        path = [p.lower() for p in name[len("FERRYMAN_") :].split("__")]
-        node = data
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
-            node = child
-        node[path[-1]] = value
-
-
 def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> FerrymanConfig:
     """Build the configuration from a YAML file and/or the environment.
 
@@ -443,7 +430,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Ferr
                 "no configuration: pass --config FILE (or set FERRYMAN_CONFIG), or set " + ", ".join(SEED_ENV)
             )
         data = seed
-    _apply_env_overrides(data, env)
+    apply_env_overrides(data, env, FerrymanConfig)
     try:
         return parse_config(data)
     except ConfigError as exc:

@@ -320,6 +320,113 @@ def test_env_override_through_a_value_is_rejected(tmp_path: Path) -> None:
     assert "not a section" in message
 
 
+def test_env_list_fields_take_comma_separated_values() -> None:
+    cfg = load_config(None, env=SEED | {"FERRYMAN_WRAPPER__DEDUPER_ADDRESSES": "a:1, b:2,"})
+    assert cfg.wrapper.deduper_addresses == ["a:1", "b:2"]
+    assert load_config(None, env=SEED | {"FERRYMAN_WRAPPER__DEDUPER_ADDRESSES": ""}).wrapper.deduper_addresses == []
+
+
+def test_env_list_fields_take_a_flow_sequence_for_items_with_commas(tmp_path: Path) -> None:
+    cfg = load_config(
+        _file(tmp_path, MINIMAL),
+        env={
+            "FERRYMAN_FLOWS__0__TOPICS": '["orders{1,3}", payments]',
+            "FERRYMAN_FLOWS__0__TOPICS_EXCLUDE": "[]",
+            "FERRYMAN_WRAPPER__DEDUPER_ADDRESSES": '["a:1", "b:2"]',
+        },
+    )
+    assert cfg.flow(None).topics == ["orders{1,3}", "payments"]
+    assert cfg.flow(None).topics_exclude == []
+    assert cfg.wrapper.deduper_addresses == ["a:1", "b:2"]
+
+
+def test_env_map_fields_take_a_yaml_or_json_mapping(tmp_path: Path) -> None:
+    cfg = load_config(
+        _file(tmp_path, FULL),
+        env={
+            "FERRYMAN_CLUSTERS__EAST__CLIENT_CONFIG": "{security.protocol: SSL, linger.ms: 7}",
+            "FERRYMAN_FLOWS__0__NAMING__RENAME": '{"payments": "pay-2", "orders.a": "oa"}',
+        },
+    )
+    assert cfg.clusters["east"].client_config == {"security.protocol": "SSL", "linger.ms": 7}
+    assert cfg.flow(None).naming.rename == {"payments": "pay-2", "orders.a": "oa"}
+    assert cfg.clusters["west"].client_config["sasl.username"] == "ferry"  # other maps untouched
+
+
+def test_env_nested_map_keys_and_sections(tmp_path: Path) -> None:
+    """Under client_config ``_`` stands for ``.``; a whole map is set before single keys of it."""
+    cfg = load_config(
+        None,
+        env=SEED
+        | {
+            "FERRYMAN_CLUSTERS__SOURCE__CLIENT_CONFIG": "{security.protocol: SASL_SSL}",
+            "FERRYMAN_CLUSTERS__SOURCE__CLIENT_CONFIG__SASL_USERNAME": "ferry",
+            "FERRYMAN_CLUSTERS__BACKUP": "{bootstrap_servers: 'b:9092'}",
+            "FERRYMAN_RPC__TLS": "{ca_file: /etc/ca.pem}",
+            "FERRYMAN_FLOWS__0__NAMING": "{policy: prefix, separator: _}",
+        },
+    )
+    assert cfg.clusters["source"].client_config == {"security.protocol": "SASL_SSL", "sasl.username": "ferry"}
+    assert cfg.clusters["backup"].bootstrap_servers == "b:9092"
+    assert cfg.rpc.tls.ca_file == Path("/etc/ca.pem")
+    assert (cfg.flow(None).naming.policy, cfg.flow(None).naming.separator) == ("prefix", "_")
+
+
+def test_env_can_add_a_flow_by_index(tmp_path: Path) -> None:
+    cfg = load_config(
+        _file(tmp_path, MINIMAL),
+        env={"FERRYMAN_FLOWS__1": "{name: f2, source: b, target: a, topics: [x]}", "FERRYMAN_FLOWS__1__TOPICS": "y,z"},
+    )
+    assert [f.name for f in cfg.flows] == ["f1", "f2"]
+    assert cfg.flow("f2").topics == ["y", "z"]
+
+
+def test_env_can_set_every_field_of_the_seed_configuration() -> None:
+    """The optional lists, maps and numbers of every section are reachable from the environment alone."""
+    cfg = load_config(
+        None,
+        env=SEED
+        | {
+            "FERRYMAN_FLOWS__0": "{name: g, source: source, target: destination, topics: [a]}",
+            "FERRYMAN_DEDUPER__TRANSACTION_INTERVAL_MS": "200",
+            "FERRYMAN_AUDITOR__INTERVAL_S": "5.5",
+        },
+    )
+    assert [f.name for f in cfg.flows] == ["g"]
+    assert cfg.deduper.transaction_interval_ms == 200
+    assert cfg.auditor.interval_s == 5.5
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("FERRYMAN_WRAPPER__DEDUPER_ADDRESSES", "[a:1, b", "expected a sequence"),
+        ("FERRYMAN_WRAPPER__DEDUPER_ADDRESSES", "[{a: 1}", "expected a sequence"),
+        ("FERRYMAN_CLUSTERS__A__CLIENT_CONFIG", "security.protocol", "expected a mapping"),
+        ("FERRYMAN_CLUSTERS__A__CLIENT_CONFIG", "{a: [1", "expected a mapping"),
+        ("FERRYMAN_FLOWS__0", "[name, f]", "expected a mapping"),
+        ("FERRYMAN_FLOWS__X__NAME", "f", "is not an index"),
+        ("FERRYMAN_FLOWS__5__NAME", "f", "past the end"),
+    ],
+)
+def test_env_values_that_do_not_parse_name_the_variable(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    message = _error(tmp_path, MINIMAL, env={variable: value})
+    assert variable in message
+    assert expected in message
+
+
+def test_env_list_items_of_the_wrong_type_name_the_field(tmp_path: Path) -> None:
+    message = _error(tmp_path, MINIMAL, env={"FERRYMAN_FLOWS__0__TOPICS": "[[a]]"})
+    assert "flows.0.topics" in message
+
+
+def test_env_scalar_fields_are_never_split(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, MINIMAL), env={"FERRYMAN_CLUSTERS__A__BOOTSTRAP_SERVERS": "h1:1,h2:2"})
+    assert cfg.clusters["a"].bootstrap_servers == "h1:1,h2:2"
+
+
 def test_process_environment_is_read_when_no_env_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FERRYMAN_DEDUPER__INSTANCE_ID", "from-os-environ")
     assert load_config(_file(tmp_path, MINIMAL)).deduper.instance_id == "from-os-environ"
