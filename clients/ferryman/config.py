@@ -222,7 +222,9 @@ class WrapperConfig(_Model, frozen=True):
     listen_address: str = "[::]:7450"
     """gRPC listen address of the wrapper (health, reflection, status)."""
     deduper_addresses: list[str] = field(default_factory=list)
-    """Control services of the flow's dedupers (host:port); empty disables the control link."""
+    """Control services of the flow's dedupers (host:port). Empty (the default): the wrapper finds
+    them in the destination cluster, where each deduper advertises its ``advertised_address``
+    (``ferryman.<flow>.dedupers.internal``), links to every live one and follows scale-out."""
     progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     """How often source progress is sent over the control link."""
     metrics_address: str = "[::]:9450"
@@ -288,6 +290,14 @@ class DeduperConfig(_Model, frozen=True):
     ``produce()`` per record. The deduper logs which path it runs."""
     listen_address: str = "[::]:7460"
     """gRPC listen address of the deduper (control service, health, reflection, status)."""
+    advertised_address: str | None = None
+    """host:port at which wrappers reach this deduper's gRPC server, advertised in the destination
+    cluster (``ferryman.<flow>.dedupers.internal``) so that wrappers without ``deduper_addresses``
+    find it, as Kafka's ``advertised.listeners``. Default: the listen address, with the host name
+    for a wildcard host (``[::]``, ``0.0.0.0``) and the bound port for port 0."""
+    advertise_interval_s: Annotated[float, Meta(gt=0)] = 5.0
+    """How often the advertisement is rewritten (a heartbeat); wrappers drop a deduper whose last
+    one is older than 3 intervals, so a crashed deduper's address is left within ~15 s."""
     metrics_address: str = "[::]:9460"
     """Prometheus endpoint of the deduper (``host:port``, served on any path, e.g. ``/metrics``); port 0
     picks a free port, ``""`` turns it off. Values are read from the status snapshot at scrape time."""

@@ -66,6 +66,8 @@ class FlowNames:
     specs_topic: str
     offset_map_topic: str
     audit_topic: str
+    dedupers_topic: str
+    """Compacted: each live deduper's advertised address, keyed by instance id (wrappers find them there)."""
     wrapper_group: str
     deduper_group: str
 
@@ -80,6 +82,7 @@ class FlowNames:
             specs_topic=f"{base}.topics.internal",
             offset_map_topic=f"{base}.offset-map.internal",
             audit_topic=f"{base}.audit.internal",
+            dedupers_topic=f"{base}.dedupers.internal",
             wrapper_group=wrapper_group or f"ferryman-wrapper.{flow.name}",
             deduper_group=deduper_group or f"ferryman-deduper.{flow.name}",
         )

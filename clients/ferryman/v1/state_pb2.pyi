@@ -226,3 +226,51 @@ class OffsetMapping(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OffsetMapping: _TypeAlias = OffsetMapping  # noqa: Y015
+
+@_typing.final
+class DeduperAdvertisement(_message.Message):
+    """DeduperAdvertisement is the value of a record in a flow's dedupers topic
+    (compacted, keyed by instance_id): where a live deduper's control service
+    is reachable, so wrappers find their dedupers without an address list. A
+    tombstone (null value) under the key says the deduper stopped cleanly.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    FLOW_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_AT_MS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    STARTED_AT_MS_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    """Identity of the deduper instance (the record key, repeated)."""
+    flow: _builtins.str
+    """Flow the deduper serves."""
+    address: _builtins.str
+    """host:port of its gRPC server as wrappers should dial it (advertised_address)."""
+    heartbeat_at_ms: _builtins.int
+    """Wall-clock time this advertisement was written, ms since epoch."""
+    heartbeat_interval_ms: _builtins.int
+    """How often the deduper writes a new one, ms; readers treat an advertisement
+    older than a few intervals as that of a deduper that is gone.
+    """
+    started_at_ms: _builtins.int
+    """Wall-clock time the deduper started, ms since epoch."""
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        flow: _builtins.str = ...,
+        address: _builtins.str = ...,
+        heartbeat_at_ms: _builtins.int = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
+        started_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "flow", b"flow", "heartbeat_at_ms", b"heartbeat_at_ms", "heartbeat_interval_ms", b"heartbeat_interval_ms", "instance_id", b"instance_id", "started_at_ms", b"started_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeduperAdvertisement: _TypeAlias = DeduperAdvertisement  # noqa: Y015

@@ -34,6 +34,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, rowproduce, topics
+from ferryman.advertisement import advertised_address
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
@@ -46,6 +47,7 @@ from ferryman.state import COMPACTED_TOPIC_CONFIGS
 from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc
 
+from ferryman_deduper._advertise import Advertiser
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
 from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
@@ -296,12 +298,21 @@ class Deduper:
             self._produce_path(),
         )
         self._set_serving(True)
+        advertiser = Advertiser(
+            names=self._names,
+            instance_id=self.instance_id,
+            address=advertised_address(self._dc.advertised_address, self._listen_address, self.port),
+            interval_s=self._dc.advertise_interval_s,
+            producer_config=self._client_conf("advertise"),
+        )
         try:
+            advertiser.start(admin, _ADMIN_TIMEOUT_S)
             self._loop()
             self._server.begin_drain()
             if self._recovery is None:
                 self._commit("shutdown")
         finally:
+            advertiser.stop()  # first: wrappers stop dialling a deduper on its way out
             self._server.begin_drain()
             self._close()
 

@@ -54,6 +54,7 @@ from ferryman.watchdog import close_or_park, park
 from ferryman_wrapper._assignment import SourcePartitions
 from ferryman_wrapper._commits import SourceCommits
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
+from ferryman_wrapper._discovery import DeduperDiscovery
 from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
 from ferryman_wrapper._specs import SourceView, SpecPublisher
 
@@ -138,6 +139,8 @@ class Wrapper:
         self._paused = False
         self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
         self._links: list[ControlLink] = []
+        #: Finds the dedupers in the destination cluster when deduper_addresses is empty.
+        self._finder: DeduperDiscovery | None = None
         self._progress_snapshot: list[control_pb2.PartitionProgress] = []
         #: Why the last step failed, while the loop is recovering from it.
         self._recovering: str = ""
@@ -239,7 +242,7 @@ class Wrapper:
             service_names=[_SERVICE_NAME],
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
-            link = bool(self._wc.deduper_addresses)
+            link = True  # always: to deduper_addresses, or to the dedupers found in the destination
             with wrapper_metrics(self._wc.metrics_address, self.status, control_link=link):
                 self._run_kafka()
 
@@ -444,9 +447,11 @@ class Wrapper:
                     deadline_s=_CLOSE_DEADLINE_S,
                 )
             self._commits.shutdown()
+            if self._finder is not None:
+                self._finder.stop()  # first: it would start links to dedupers it finds meanwhile
             for link in self._links:
                 link.stop()
-            if self._links:
+            if self._links or self._finder is not None:
                 self._resender.stop()
         _log.info(
             "wrapper %s stopped: %d records in %d envelopes, %d rewinds",
@@ -521,8 +526,6 @@ class Wrapper:
 
     # ------------------------------------------------------------ control link
     def _start_control(self) -> None:
-        if not self._wc.deduper_addresses:
-            return
         self._resender = ResendWorker(
             consumer_config={
                 **base_config(self._source, f"{self.wrapper_id}-resend"),
@@ -536,18 +539,29 @@ class Wrapper:
         )
         self._resender.start()
         for address in self._wc.deduper_addresses:
-            link = ControlLink(
-                address=address,
-                rpc=self._config.rpc,
-                hello=self._hello,
-                specs=lambda: list(self._specs.published.values()),
-                on_backpressure=self._on_backpressure,
-                on_resend=self._resender.submit,
-                on_watermarks=self._on_watermarks,
-            )
+            link = self._new_link(address)
             link.start()
             self._links.append(link)
+        if not self._wc.deduper_addresses:
+            self._finder = DeduperDiscovery(
+                names=self._names,
+                consumer_config=base_config(self._target, f"{self.wrapper_id}-discovery"),
+                make_link=self._new_link,
+                links=self._links,
+            )
+            self._finder.start(self._target_admin, _ADMIN_TIMEOUT_S)
         self._specs.on_change = self._send_specs
+
+    def _new_link(self, address: str) -> ControlLink:
+        return ControlLink(
+            address=address,
+            rpc=self._config.rpc,
+            hello=self._hello,
+            specs=lambda: list(self._specs.published.values()),
+            on_backpressure=self._on_backpressure,
+            on_resend=self._resender.submit,
+            on_watermarks=self._on_watermarks,
+        )
 
     def _hello(self) -> control_pb2.Hello:
         return control_pb2.Hello(
