@@ -34,8 +34,8 @@ T = TypeVar("T")
 #: Time a call is given beyond its own librdkafka timeout before it counts as
 #: wedged: the C library returns a timed-out call within milliseconds of its
 #: timeout, but a loaded 2-core machine can hold the returning thread back for
-#: a second or two.
-GRACE_S = 5.0
+#: a second or so.
+GRACE_S = 3.0
 
 #: Abandoned calls (and their clients) a process tolerates: each parks a thread
 #: and a client's buffers for good. Past this, the process is better restarted.
