@@ -45,8 +45,11 @@ ARROW_SCHEMA = pa.schema(
 #: Records per consume() call and so at most per Arrow batch: large enough that the
 #: per-call and per-batch costs (~100 µs) vanish, small enough to keep a batch in cache.
 CONSUME_BATCH = 10_000
-#: Longest wait of one consume() call; the stall budget is counted across calls.
-_CONSUME_WAIT_S = 0.5
+#: Longest wait of one consume() call; the stall budget is counted across calls. consume(n, timeout)
+#: returns before the timeout only once n messages are there, and the end of a span often holds fewer
+#: (transaction markers, the partition's end): 0.5 s here cost every split half a second at its end,
+#: a 125 k-record split read in 0.8-1.7 s instead of 0.33 s. Shorter calls cost ~100 us each.
+_CONSUME_WAIT_S = 0.05
 #: The broker answers a fetch at the end of a partition after this long at most
 #: (librdkafka's default is 500 ms): the end of a span is often the end of the
 #: partition, which only an empty fetch answer (partition EOF) reveals.
@@ -100,7 +103,8 @@ def read_span(span: OffsetSpan, kafka_config: Mapping[str, str], stall_timeout_m
         progress_at = time.monotonic()
         position = span.start
         while position < span.end:
-            msgs = consumer.consume(CONSUME_BATCH, _CONSUME_WAIT_S)
+            # No more than the offsets left and the partition-end event: a dense span's last call returns at once.
+            msgs = consumer.consume(min(CONSUME_BATCH, span.end - position + 1), _CONSUME_WAIT_S)
             if not msgs:
                 if time.monotonic() - progress_at > stall_timeout_ms / 1000:
                     raise KafkaSourceError(
