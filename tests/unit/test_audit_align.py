@@ -106,3 +106,37 @@ def test_out_of_order_counts_the_fewest_moves() -> None:
     assert out_of_order(np.asarray([1, 2, 3], dtype=np.int64)) == 0
     assert out_of_order(np.asarray([2, 1, 3], dtype=np.int64)) == 1
     assert out_of_order(np.asarray([3, 1, 2, 4], dtype=np.int64)) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_key_matching_pairs_occurrences_as_a_plain_reference_does(seed: int) -> None:
+    """_match and _isin over int64 halves agree with counting occurrences in Python (keys sharing a half too)."""
+    from collections import Counter  # noqa: PLC0415
+
+    from ferryman_auditor._align import _isin, _match  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    # Few distinct values per half: many repeats, and equal first halves with different second ones.
+    left_pairs = rng.integers(-3, 3, size=(int(rng.integers(0, 60)), 2))
+    right_pairs = rng.integers(-3, 3, size=(int(rng.integers(0, 60)), 2))
+    left, right = hashes(left_pairs[:, 0], left_pairs[:, 1]), hashes(right_pairs[:, 0], right_pairs[:, 1])
+    lk = [tuple(p) for p in left_pairs.tolist()]
+    rk = [tuple(p) for p in right_pairs.tolist()]
+
+    i, j = _match(left, right)
+    pairs = sorted(zip(i.tolist(), j.tolist(), strict=True))
+    seen_l: Counter[tuple[int, ...]] = Counter()
+    seen_r: Counter[tuple[int, ...]] = Counter()
+    occurrence_l = []
+    for key in lk:
+        occurrence_l.append(seen_l[key])
+        seen_l[key] += 1
+    positions_r: dict[tuple[tuple[int, ...], int], int] = {}
+    for n, key in enumerate(rk):
+        positions_r[(key, seen_r[key])] = n
+        seen_r[key] += 1
+    want = sorted(
+        (n, positions_r[(key, occurrence_l[n])]) for n, key in enumerate(lk) if (key, occurrence_l[n]) in positions_r
+    )
+    assert pairs == want
+    assert _isin(left, right).tolist() == [key in set(rk) for key in lk]

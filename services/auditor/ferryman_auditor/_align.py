@@ -128,34 +128,58 @@ def classify(rows: Rows, leading: Leading, range_start: int, range_end: int) -> 
     return Outcome(content, by_map, next_destination, samples)
 
 
-def _occurrences(keys: npt.NDArray[np.void]) -> Int64s:
-    """For each key, how many equal keys come before it (0 for the first occurrence)."""
-    n = len(keys)
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    starts = np.ones(n, dtype=bool)
-    starts[1:] = ordered[1:] != ordered[:-1]
-    run_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
-    out = np.empty(n, dtype=np.int64)
-    out[order] = np.arange(n) - run_start
-    return out
+def _halves(keys: npt.NDArray[np.void]) -> tuple[Int64s, Int64s]:
+    """The two 64-bit hashes of each 16-byte key, as int64 columns (numpy sorts those fast, void keys ~100x slower)."""
+    pairs = np.ascontiguousarray(keys).view(np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
 
 
-def _keyed(keys: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
-    """Each key with its occurrence number: unique, so two sides intersect one to one."""
-    out = np.empty(len(keys), dtype=[("h", "V16"), ("k", "<i8")])
-    out["h"], out["k"] = keys, _occurrences(keys)
-    return out
+def _key_runs(*sides: npt.NDArray[np.void]) -> tuple[Int64s, Int64s, Int64s]:
+    """The keys of every side together, grouped by key.
+
+    Returns ``(order, side, run)``: the positions of the concatenated keys in
+    key order, the side each of them comes from, and the number of its key's
+    run (equal keys, consecutive). The sort is stable, so within a run the
+    sides come in argument order, each in its own order.
+    """
+    a, b = (np.concatenate(h) for h in zip(*(_halves(k) for k in sides), strict=True))
+    order = np.lexsort((b, a))
+    sa, sb = a[order], b[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
+    side = np.repeat(np.arange(len(sides), dtype=np.int64), [len(k) for k in sides])[order]
+    return order.astype(np.int64), side, np.cumsum(starts) - 1
+
+
+def _isin(keys: npt.NDArray[np.void], pool: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """For each key, whether pool holds an equal key."""
+    if not len(keys) or not len(pool):
+        return np.zeros(len(keys), dtype=bool)
+    order, side, run = _key_runs(pool, keys)
+    pooled = np.zeros(int(run[-1]) + 1, dtype=bool)
+    pooled[run[side == 0]] = True
+    out = np.empty(len(order), dtype=bool)
+    out[order] = pooled[run]
+    return out[len(pool) :]
 
 
 def _match(left: npt.NDArray[np.void], right: npt.NDArray[np.void]) -> tuple[Int64s, Int64s]:
     """Indices (i, j) pairing the k-th occurrence of a key in left with its k-th occurrence in right."""
     if not len(left) or not len(right):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    _common, i, j = np.intersect1d(_keyed(left), _keyed(right), assume_unique=True, return_indices=True)
-    return i.astype(np.int64), j.astype(np.int64)
+    order, side, run = _key_runs(left, right)
+    n = len(order)
+    # Within a run the left keys come first, then the right ones, each in input order: number them per side.
+    group_starts = np.ones(n, dtype=bool)
+    group_starts[1:] = (run[1:] != run[:-1]) | (side[1:] != side[:-1])
+    occurrence = np.arange(n) - np.maximum.accumulate(np.where(group_starts, np.arange(n), 0))
+    in_left = np.bincount(run[side == 0], minlength=int(run[-1]) + 1)
+    in_right = np.bincount(run[side == 1], minlength=int(run[-1]) + 1)
+    # Occurrence k pairs with occurrence k on the other side, if that side has k + 1 of the key. Both
+    # selections list (run, k) in the same order, so they pair up position by position.
+    i = order[(side == 0) & (occurrence < in_right[run])]
+    j = order[(side == 1) & (occurrence < in_left[run])] - len(left)
+    return i, j
 
 
 def out_of_order(sequence: Int64s) -> int:
@@ -225,8 +249,7 @@ def _by_content(rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_]) -> tu
             unverifiable += int(before.sum())
         f_left = f_left[~before]
 
-    expected_set = np.unique(eh)
-    dup = np.isin(fh[f_left], expected_set) if len(f_left) else np.zeros(0, dtype=bool)
+    dup = _isin(fh[f_left], eh)
     others = f_left[~dup]
     e_left = np.flatnonzero(~matched_e)
     matched_e_offsets = np.sort(eo[ei])
@@ -281,7 +304,7 @@ def _by_map(rows: Rows, range_start: int, range_end: int) -> tuple[Counts | None
     order = np.argsort(ms[in_range][copied], kind="stable")
     reordered = out_of_order(md[in_range][copied][order])
     loose = ~np.isin(fo, md)
-    dup = np.isin(fh[loose], np.unique(eh)) if loose.any() else np.zeros(0, dtype=bool)
+    dup = _isin(fh[loose], eh)
     counts = Counts(
         found=int(same.sum()),
         missing=int((~mapped_e).sum()),
