@@ -24,10 +24,12 @@ from ferryman_auditor._align import Counts, Leading, Outcome, Rows, Side, classi
 from ferryman_auditor._plan import PartitionPlan
 from ferryman_auditor.kafka_source import NAME, register
 
-_ROWS_SCHEMA = "topic STRING, partition INT, side INT, offset BIGINT, mapped BIGINT, h1 BIGINT, h2 BIGINT"
+#: One row per record read. ``topic`` is the topic's index in the job's sorted topics: the rows are shuffled
+#: and grouped by (topic, partition), and a name per row cost the exchange a string copy, hash and compare.
+_ROWS_SCHEMA = "topic INT, partition INT, side INT, offset BIGINT, mapped BIGINT, h1 BIGINT, h2 BIGINT"
 _COUNT_FIELDS = ("found", "missing", "duplicated", "reordered", "altered", "unexpected", "unverifiable")
 _RESULT_SCHEMA = ", ".join(
-    ["topic STRING", "partition INT"]
+    ["topic INT", "partition INT"]
     + [f"{f} BIGINT" for f in _COUNT_FIELDS]
     + ["by_map BOOLEAN"]
     + [f"map_{f} BIGINT" for f in _COUNT_FIELDS]
@@ -79,19 +81,21 @@ def run_job(
     by_topic: dict[str, list[PartitionPlan]] = {}
     for plan in plans:
         by_topic.setdefault(plan.topic, []).append(plan)
+    topic_ids = {topic: n for n, topic in enumerate(sorted(by_topic))}
     for topic, topic_plans in sorted(by_topic.items()):
-        frames.append(_source_rows(spark, topic, topic_plans, source))
-        dest = _destination_rows(spark, topic, topic_plans, destination)
+        frames.append(_source_rows(spark, topic_ids[topic], topic_plans, source))
+        dest = _destination_rows(spark, topic_ids[topic], topic_plans, destination)
         if dest is not None:
             frames.append(dest)
     if offset_map is not None:
-        frames.append(_map_rows(spark, offset_map, destination, set(by_topic)))
+        frames.append(_map_rows(spark, offset_map, destination, topic_ids))
     rows = frames[0]
     for f in frames[1:]:
         rows = rows.unionByName(f)
-    ranges = {(p.topic, p.partition): (p.range_start, p.source_end, int(p.leading)) for p in plans}
+    ranges = {(topic_ids[p.topic], p.partition): (p.range_start, p.source_end, int(p.leading)) for p in plans}
     result = rows.groupBy("topic", "partition").applyInPandas(_classifier(ranges), _RESULT_SCHEMA).collect()
-    out = {(r["topic"], r["partition"]): _outcome(r.asDict()) for r in result}
+    names = sorted(by_topic)
+    out = {(names[r["topic"]], r["partition"]): _outcome(r.asDict()) for r in result}
     empty = Outcome(Counts(), None, -1, {})
     return {(p.topic, p.partition): out.get((p.topic, p.partition), empty) for p in plans}
 
@@ -123,11 +127,11 @@ def _content_hashes() -> tuple[Column, Column]:
     return sf.xxhash64(*parts), sf.xxhash64(sf.lit(_SECOND_HASH_SALT), *parts)
 
 
-def _source_rows(spark: SparkSession, topic: str, plans: Sequence[PartitionPlan], cluster: ClusterAccess) -> Any:
+def _source_rows(spark: SparkSession, topic_id: int, plans: Sequence[PartitionPlan], cluster: ClusterAccess) -> Any:
     df = _read(
         spark,
         cluster,
-        topic,
+        plans[0].topic,
         {p.partition: p.source_start for p in plans},
         {p.partition: p.lookahead_end for p in plans},
     )
@@ -137,7 +141,7 @@ def _source_rows(spark: SparkSession, topic: str, plans: Sequence[PartitionPlan]
     )
     h1, h2 = _content_hashes()
     return df.select(
-        sf.lit(topic).alias("topic"),
+        sf.lit(topic_id).alias("topic"),
         "partition",
         side.cast("int").alias("side"),
         "offset",
@@ -148,7 +152,7 @@ def _source_rows(spark: SparkSession, topic: str, plans: Sequence[PartitionPlan]
 
 
 def _destination_rows(
-    spark: SparkSession, topic: str, plans: Sequence[PartitionPlan], cluster: ClusterAccess
+    spark: SparkSession, topic_id: int, plans: Sequence[PartitionPlan], cluster: ClusterAccess
 ) -> Any | None:
     wanted = [p for p in plans if p.destination_end > p.destination_start]
     if not wanted:
@@ -162,7 +166,7 @@ def _destination_rows(
     )
     h1, h2 = _content_hashes()
     return df.select(
-        sf.lit(topic).alias("topic"),
+        sf.lit(topic_id).alias("topic"),
         "partition",
         sf.lit(int(Side.FOUND)).alias("side"),
         "offset",
@@ -172,15 +176,15 @@ def _destination_rows(
     )
 
 
-def _map_rows(spark: SparkSession, offset_map: MapRead, cluster: ClusterAccess, topics: set[str]) -> Any:
+def _map_rows(spark: SparkSession, offset_map: MapRead, cluster: ClusterAccess, topic_ids: Mapping[str, int]) -> Any:
     reader = spark.read.format(NAME).options(**cluster.options()).option("topic", offset_map.topic)
     if offset_map.start_offsets:
         starts = {str(p): o for p, o in offset_map.start_offsets.items()}
         reader = reader.option("startingOffsets", json.dumps(starts))
-    return reader.load().select("value").mapInArrow(_map_expander(frozenset(topics)), _ROWS_SCHEMA)
+    return reader.load().select("value").mapInArrow(_map_expander(dict(topic_ids)), _ROWS_SCHEMA)
 
 
-def _map_expander(topics: frozenset[str]) -> Any:
+def _map_expander(topic_ids: dict[str, int]) -> Any:
     """An Arrow function from offset-map records to one row per mapped record (runs on executors)."""
 
     def expand(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -193,10 +197,11 @@ def _map_expander(topics: frozenset[str]) -> Any:
                 if raw is None:
                     continue
                 m = state_pb2.OffsetMapping.FromString(raw)
-                if m.source.topic not in topics:
+                topic_id = topic_ids.get(m.source.topic)
+                if topic_id is None:
                     continue
                 src = np.asarray(mapped_source_offsets(m), dtype=np.int64)
-                cols["topic"].append(np.full(len(src), m.source.topic, dtype=object))
+                cols["topic"].append(np.full(len(src), topic_id, dtype=np.int32))
                 cols["partition"].append(np.full(len(src), m.source.partition, dtype=np.int32))
                 cols["offset"].append(src)
                 cols["mapped"].append(m.first_destination_offset + np.arange(len(src), dtype=np.int64))
@@ -205,7 +210,7 @@ def _map_expander(topics: frozenset[str]) -> Any:
             n = sum(len(c) for c in cols["offset"])
             yield pa.RecordBatch.from_arrays(
                 [
-                    pa.array(np.concatenate(cols["topic"]), pa.string()),
+                    pa.array(np.concatenate(cols["topic"])),
                     pa.array(np.concatenate(cols["partition"])),
                     pa.array(np.full(n, int(Side.MAPPED), dtype=np.int32)),
                     pa.array(np.concatenate(cols["offset"])),
@@ -219,11 +224,11 @@ def _map_expander(topics: frozenset[str]) -> Any:
     return expand
 
 
-def _classifier(ranges: Mapping[tuple[str, int], tuple[int, int, int]]) -> Any:
+def _classifier(ranges: Mapping[tuple[int, int], tuple[int, int, int]]) -> Any:
     """The per-partition function of applyInPandas (pickled to the executors with ranges)."""
 
     def run(frame: pd.DataFrame) -> pd.DataFrame:
-        topic, partition = str(frame["topic"].iloc[0]), int(frame["partition"].iloc[0])
+        topic, partition = int(frame["topic"].iloc[0]), int(frame["partition"].iloc[0])
         start, end, leading = ranges.get((topic, partition), (0, 0, int(Leading.COUNT)))
         side = frame["side"].to_numpy()
 
