@@ -6,6 +6,9 @@ deduper that starts gets a link too, and one that stops cleanly loses it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from tests.helpers.services import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
+FERRYMAN = Path(sys.executable).parent / "ferryman"
 #: Long enough for a cold start of both services and the first advertisement on a busy shared machine.
 _LINK_TIMEOUT_S = 90.0
 
@@ -92,6 +96,16 @@ def test_a_pair_from_the_seed_variables_alone_links_and_follows_scale_out(
             assert wait_until(lambda: status.wrapper_id in _linked_wrappers(d1_address), 30, message="deduper 1 link")
             dst = read_all(destination_cluster.bootstrap_servers, dst_topic, expected=200, timeout_s=90)
             assert_exact_copy(read_all(source_cluster.bootstrap_servers, src_topic), dst)
+            # What an operator sees: the CLI, as a subprocess, reports the link up.
+            cli = subprocess.run(
+                [str(FERRYMAN), "status", "--server", wrapper_address, "--output", "json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert cli.returncode == 0, cli.stderr
+            assert json.loads(cli.stdout)["control_connected"] is True
 
             deduper2.start()  # scale-out: no address list to change
             wait_until(lambda: status.wrapper_id in _linked_wrappers(d2_address), _LINK_TIMEOUT_S, message="d2 link")

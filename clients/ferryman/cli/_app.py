@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from ferryman.cli import _audit
+from ferryman.cli import _audit, _status
 from ferryman.cli._common import EXIT_USAGE, fail
 
 app = typer.Typer(
@@ -18,6 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_audit.group, name="audit")
+app.command("status")(_status.status)
+app.command("lag")(_status.lag)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
