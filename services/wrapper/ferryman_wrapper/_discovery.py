@@ -92,10 +92,16 @@ class DeduperDiscovery:
     def _run(self) -> None:
         assert self._consumer is not None
         while not self._stop.is_set():
-            msg = self._consumer.poll(_POLL_S)
-            if msg is not None and msg.error() is None:
-                self._record(msg.key() or b"", msg.value())
-            self.reconcile()
+            try:
+                msg = self._consumer.poll(_POLL_S)
+                if msg is not None and msg.error() is None:
+                    self._record(msg.key() or b"", msg.value())
+                self.reconcile()
+            except Exception:
+                # A thread that died here would leave the links as they are for the wrapper's life:
+                # log, wait a poll and carry on (librdkafka recovers its own connection faults).
+                _log.exception("deduper discovery failed; retrying")
+                self._stop.wait(_POLL_S)
 
     def _record(self, key: bytes, value: bytes | None) -> None:
         if value is None:
