@@ -225,6 +225,9 @@ class WrapperConfig(_Model, frozen=True):
     """Control services of the flow's dedupers (host:port). Empty (the default): the wrapper finds
     them in the destination cluster, where each deduper advertises its ``advertised_address``
     (``ferryman.<flow>.dedupers.internal``), links to every live one and follows scale-out."""
+    discover_dedupers: bool = True
+    """With ``deduper_addresses`` empty, find the dedupers in the destination cluster; ``false``:
+    no control link at all (data still flows; gaps are held until their records come back)."""
     progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     """How often source progress is sent over the control link."""
     metrics_address: str = "[::]:9450"

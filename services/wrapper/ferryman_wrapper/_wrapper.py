@@ -542,7 +542,7 @@ class Wrapper:
             link = self._new_link(address)
             link.start()
             self._links.append(link)
-        if not self._wc.deduper_addresses:
+        if not self._wc.deduper_addresses and self._wc.discover_dedupers:
             self._finder = DeduperDiscovery(
                 names=self._names,
                 consumer_config=base_config(self._target, f"{self.wrapper_id}-discovery"),
