@@ -1,7 +1,7 @@
 """Discovery without configuration on real clusters: wrappers find the dedupers advertised in the destination.
 
 A pair started from kafka-reo's variables alone (no ``deduper_addresses``) has its control link up; a second
-deduper that starts gets a link too, and one that stops cleanly loses it.
+deduper that starts gets a link too, and one that stops (cleanly, or killed) loses it.
 """
 
 from __future__ import annotations
@@ -111,9 +111,16 @@ def test_a_pair_from_the_seed_variables_alone_links_and_follows_scale_out(
             wait_until(lambda: status.wrapper_id in _linked_wrappers(d2_address), _LINK_TIMEOUT_S, message="d2 link")
             assert status.wrapper_id in _linked_wrappers(d1_address)
 
+            gone = f"deduper at {d2_address} is gone"
             assert deduper2.terminate() == 0  # a clean stop's tombstone: the wrapper stops dialling it
-            wrapper.wait_for_log(f"deduper at {d2_address} is gone", timeout_s=30)
+            wrapper.wait_for_log(gone, timeout_s=30)
             assert (s := _wrapper(wrapper_address)) is not None and s.control_connected
+
+            deduper2.start()  # back, then crashed: no tombstone, its heartbeat expires (3 intervals)
+            wait_until(lambda: status.wrapper_id in _linked_wrappers(d2_address), _LINK_TIMEOUT_S, message="d2 back")
+            deduper2.kill9()
+            wait_until(lambda: wrapper.output().count(gone) == 2, 30, message="crashed deduper's link dropped")
+            assert status.wrapper_id in _linked_wrappers(d1_address)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{logs()}") from None
     finally:
