@@ -59,6 +59,7 @@ class _Link:
         self.address = address
         self.started = False
         self.stopped = False
+        self.connected = False
 
     def start(self) -> None:
         self.started = True
@@ -129,3 +130,29 @@ def test_undecodable_records_are_ignored() -> None:
     finder._record(b"d1", b"\xff\xff\xff")
     finder.reconcile()
     assert links == []
+
+
+def test_a_connected_deduper_is_kept_while_its_heartbeats_cannot_be_written() -> None:
+    """A destination outage stops the heartbeats, not the link: only a tombstone or a lost link ends it."""
+    clock, made, links = _Clock(), list[_Link](), list[Any]()
+    finder = _discovery(links, clock, made)
+    finder._record(b"d1", _ad("d1", "h1:1", clock.now_ms))
+    finder.reconcile()
+    made[0].connected = True
+    clock.now_ms += 10 * LIVENESS_INTERVALS * 1000
+    finder.reconcile()
+    assert [link.address for link in links] == ["h1:1"]
+    made[0].connected = False  # the stream ended: a crash
+    finder.reconcile()
+    assert links == [] and made[0].stopped
+
+
+def test_a_tombstone_ends_a_connected_link() -> None:
+    clock, made, links = _Clock(), list[_Link](), list[Any]()
+    finder = _discovery(links, clock, made)
+    finder._record(b"d1", _ad("d1", "h1:1", clock.now_ms))
+    finder.reconcile()
+    made[0].connected = True
+    finder._record(b"d1", None)
+    finder.reconcile()
+    assert links == [] and made[0].stopped

@@ -2,8 +2,8 @@
 
 `DeduperDiscovery` tails the flow's dedupers topic (see ``ferryman.advertisement``) and keeps
 one `ControlLink` per live deduper address: a deduper that appears gets a link within a
-second of its first advertisement, one that writes a tombstone or stops heartbeating has its
-link stopped. The wrapper's list of links is updated in place with one slice assignment, so
+second of its first advertisement, one that writes a tombstone, or stops heartbeating while
+its link is down, has its link stopped. The wrapper's list of links is updated in place with one slice assignment, so
 the loop and gRPC threads iterating it see either the old or the new set, never a torn one.
 """
 
@@ -116,10 +116,20 @@ class DeduperDiscovery:
             self._ads[key] = ad
 
     def reconcile(self) -> None:
-        """Start links to live dedupers without one and stop links to dedupers gone."""
+        """Start links to live dedupers without one and stop links to dedupers gone.
+
+        A deduper is live while its heartbeat is fresh, or while its link is up: during a
+        destination outage its heartbeats cannot be written, yet the link (and the pause it
+        carries) still works. A tombstone ends it either way (the deduper is draining).
+        """
         now_ms = self._clock_ms()
-        live = {ad.address: ad for ad in self._ads.values() if is_live(ad, now_ms)}
+        advertised = {ad.address: ad for ad in self._ads.values()}
         current = {link.address: link for link in self._links}
+        live = {
+            address: ad
+            for address, ad in advertised.items()
+            if is_live(ad, now_ms) or (address in current and current[address].connected)
+        }
         if live.keys() == current.keys():
             return
         added = []
