@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +31,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from ferryman.status import deduper_status
 from ferryman_local import LocalCluster, start_clusters
 
+from tests.helpers.grpc_clients import NOT_SERVING, SERVING, health, local
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import RunningFlow, ServiceProcess, running_flow
 from tests.helpers.streams import SequenceProducer
@@ -108,6 +111,19 @@ def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceP
         message="a transaction committed at the destination after the broker came back",
     )
     return time.monotonic() - since
+
+
+def grpc_port(proc: ServiceProcess) -> int:
+    """The gRPC port a service bound (it logs it at start)."""
+    match = re.search(r"gRPC server listening on port (\d+)", proc.output())
+    assert match is not None, proc.output()[-2000:]
+    return int(match.group(1))
+
+
+def deduper_availability(proc: ServiceProcess) -> tuple[int, str]:
+    """The deduper's gRPC health and the reason its status gives for being unavailable."""
+    address = local(grpc_port(proc))
+    return health(address), deduper_status(address).unavailable_reason
 
 
 def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProducer) -> None:
@@ -206,9 +222,34 @@ def test_a_broker_restart_is_ridden_through(
             cluster.restart()
             back = time.monotonic()
             assert marker.with_suffix(".released").exists()
+        elif moment == "open-transaction":
+            # What an operator sees meanwhile: NOT_SERVING with the reason, then SERVING again.
+            started = time.monotonic()
+            if how is signal.SIGKILL:
+                cluster.kill()
+            else:
+                cluster.stop()
+            seen: list[str] = []
+
+            def reported_down() -> bool:
+                serving, reason = deduper_availability(flow.deduper)
+                seen.append(reason)
+                return serving == NOT_SERVING and bool(reason)
+
+            wait_until(reported_down, 30, message="the deduper NOT_SERVING with a reason while the destination is down")
+            _log.info("deduper while the destination is down: %s", seen[-1])
+            time.sleep(max(0.0, down_s - (time.monotonic() - started)))  # the rest of the outage
+            cluster.restart()
+            back = time.monotonic()
         else:
             back = bounce(cluster, how, down_s)
         recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back, producer)
+        if moment == "open-transaction":
+            wait_until(
+                lambda: deduper_availability(flow.deduper) == (SERVING, ""),
+                RECOVERY_GOAL_S,
+                message="the deduper SERVING again, no reason given",
+            )
         _log.info(
             "%s broker %s during %s, down %.1f s: first commit %.1f s after it was back",
             victim,
