@@ -26,6 +26,13 @@ _log = logging.getLogger(__name__)
 #: tailing the log sees it is still on, rare enough not to flood it.
 STILL_DOWN_LOG_INTERVAL_S = 30.0
 
+#: While a cluster counts as down, the service asks it for metadata this often: with no records
+#: flowing (a quiet topic, or wrappers paused because the destination was down) nothing else
+#: would show that it is back.
+PROBE_INTERVAL_S = 2.0
+#: librdkafka timeout of one probe (it runs on the service's loop; a live broker answers in ms).
+PROBE_TIMEOUT_S = 1.0
+
 #: Client errors (error_cb) that mean "nothing of the cluster answers":
 #: librdkafka reports every failed connection attempt too, but those alone
 #: (one broker of several restarting) say nothing about the cluster.
@@ -61,6 +68,7 @@ class ClusterHealth:
         self._down_since: float | None = None
         self._reason = ""
         self._next_log = 0.0
+        self._next_probe = 0.0
         self.outages = 0
         """Outages seen since start."""
         self.last_outage_s = 0.0
@@ -116,6 +124,24 @@ class ClusterHealth:
             return
         self._next_log = now + STILL_DOWN_LOG_INTERVAL_S
         _log.warning("%s still unreachable after %.0f s: %s", self.name, now - since, self._reason)
+
+    def probe(self, ask: Callable[[float], object]) -> None:
+        """While down, every PROBE_INTERVAL_S: ask(timeout) for metadata; an answer means the cluster is back.
+
+        Call from the loop. ``ask`` is a client's ``list_topics`` (any topic): it
+        raises KafkaException while no broker answers.
+        """
+        if self._down_since is None:
+            return
+        now = self._clock()
+        if now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_INTERVAL_S
+        try:
+            ask(PROBE_TIMEOUT_S)
+        except KafkaException:
+            return
+        self.up()
 
     def client_error(self, err: KafkaError, client: str) -> None:
         """A client's error_cb event: an outage signal, connection noise, or worth one warning."""

@@ -99,3 +99,29 @@ def test_a_held_back_repeat_is_logged_again_with_its_count(
     clock.now += REPEAT_INTERVAL_S
     log.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "c", "session timed out after 10020 ms")
     assert [r.getMessage().endswith("(and 2 more like it in the last 30 s)") for r in caplog.records] == [False, True]
+
+
+def test_while_down_the_cluster_is_probed_every_interval_and_an_answer_brings_it_back() -> None:
+    """With nothing flowing (wrappers paused because the destination was down) only a probe shows it is back."""
+    from confluent_kafka import KafkaException  # noqa: PLC0415
+    from ferryman.health import PROBE_INTERVAL_S  # noqa: PLC0415
+
+    clock = Clock()
+    health = ClusterHealth("backup", CLUSTER, clock=clock)
+    asked: list[float] = []
+    answers = iter([False, True])
+
+    def ask(timeout_s: float) -> None:
+        asked.append(timeout_s)
+        if not next(answers):
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker"))
+
+    health.probe(ask)
+    assert asked == []  # up: nothing to ask
+    health.down("all brokers down")
+    health.probe(ask)
+    health.probe(ask)  # not yet due again
+    assert len(asked) == 1 and not health.reachable
+    clock.now += PROBE_INTERVAL_S
+    health.probe(ask)
+    assert len(asked) == 2 and health.reachable

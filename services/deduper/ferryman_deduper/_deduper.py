@@ -347,6 +347,7 @@ class Deduper:
                     raise
                 self._fail(exc, "writing the transaction")
             self.health.tick()
+            self.health.probe(lambda t: self._txn.producer.list_topics(self._names.staging_topic, timeout=t))
             self._apply_health()
             self._control_tick()
 

@@ -327,6 +327,8 @@ class Wrapper:
                 self._failed(exc)
             self.source_health.tick()
             self.target_health.tick()
+            self.source_health.probe(lambda t: self._consumer.list_topics(timeout=t))
+            self.target_health.probe(lambda t: self._producer.list_topics(self._names.staging_topic, timeout=t))
             self._apply_health()
 
     def _discover_at_start(self) -> list[str]:
@@ -585,8 +587,14 @@ class Wrapper:
             self._watermarks[PartitionKey(w.topic, w.partition)] = w
 
     def _apply_backpressure(self) -> None:
-        """Pause or resume reading the source as the deduper asked (loop thread only)."""
+        """Pause or resume reading the source as the deduper asked, or while staging is unreachable (loop thread).
+
+        Paused partitions keep the consumer polled (group membership, callbacks)
+        while nothing more is read for a producer that cannot deliver.
+        """
         paused, reason = self._pause_wanted
+        if not self.target_health.reachable:
+            paused, reason = True, f"{self.target_health.name} unreachable"
         if paused == self._paused:
             return
         assignment = self._consumer.assignment()
