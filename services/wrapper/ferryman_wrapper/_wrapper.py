@@ -242,7 +242,7 @@ class Wrapper:
             service_names=[_SERVICE_NAME],
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
-            link = True  # always: to deduper_addresses, or to the dedupers found in the destination
+            link = bool(self._wc.deduper_addresses) or self._wc.discover_dedupers  # listed or discovered
             with wrapper_metrics(self._wc.metrics_address, self.status, control_link=link):
                 self._run_kafka()
 
