@@ -267,7 +267,7 @@ class DeduperConfig(_Model, frozen=True):
     readers of the destination wait at most this long behind a stuck transaction."""
     operation_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     """Budget for one flush/commit/abort call including retries (init_transactions: 4x). Each
-    attempt has a 10 s librdkafka timeout and a deadline that holds (a watchdog abandons and
+    attempt has a 3 s librdkafka timeout and a deadline that holds (a watchdog abandons and
     replaces a producer whose call overruns it); a budget that runs out rewinds to the last
     commit and retries with backoff, it never stops the deduper."""
     linger_ms: Annotated[int, Meta(ge=0)] = 5
