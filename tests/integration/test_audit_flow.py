@@ -83,6 +83,43 @@ def test_a_flow_audits_clean_by_both_alignments_then_only_new_data_is_checked(
         assert faults == ((0, 0, 0, 0, 1) if p == 2 else (0, 0, 0, 0, 0)), part
 
 
+LARGE_PARTITIONS, LARGE_PER_PARTITION = 4, 30_000  # 120 k records: the issue's "at least 100 k"
+
+
+@pytest.mark.nightly
+def test_a_clean_replication_of_120k_records_audits_clean(
+    spark: SparkSession,
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """The long variant of the first test's first audit (CI runs the 9 k one): every record expected and found."""
+    topic = unique_name("large")
+    total = LARGE_PARTITIONS * LARGE_PER_PARTITION
+    create_topic(source_cluster.bootstrap_servers, topic, LARGE_PARTITIONS)
+    produce_sequences(
+        source_cluster.bootstrap_servers,
+        topic,
+        LARGE_PARTITIONS,
+        LARGE_PER_PARTITION,
+        transactional=True,
+        records_per_transaction=5000,
+        timeout_s=300,
+    )
+    flow = unique_name("flow")
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as running:
+        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=total, timeout_s=300)
+        config = load_config(running.config)
+        report = run_audit(spark, config, config.flows[0], AuditRange())
+    assert report.verdict == "EXACTLY_ONCE", report.as_dict()
+    assert report.totals()["expected"] == report.totals()["found"] == total
+    for part in report.partitions:
+        assert part.expected == LARGE_PER_PARTITION, part
+        assert part.offset_map is not None and part.offset_map["found"] == LARGE_PER_PARTITION, part
+        assert part.alignments_agree
+
+
 def _abort_some(bootstrap: str, topic: str) -> None:
     """An aborted transaction over every partition (written, flushed, then aborted)."""
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-aborted"})
