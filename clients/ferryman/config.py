@@ -300,7 +300,8 @@ class DeduperConfig(_Model, frozen=True):
     for a wildcard host (``[::]``, ``0.0.0.0``) and the bound port for port 0."""
     advertise_interval_s: Annotated[float, Meta(gt=0)] = 5.0
     """How often the advertisement is rewritten (a heartbeat); wrappers drop a deduper whose last
-    one is older than 3 intervals, so a crashed deduper's address is left within ~15 s."""
+    one is older than 3 intervals and whose link is down, so a crashed deduper's address is left
+    within ~15 s, while a destination outage (no heartbeats written) keeps links that are up."""
     metrics_address: str = "[::]:9460"
     """Prometheus endpoint of the deduper (``host:port``, served on any path, e.g. ``/metrics``); port 0
     picks a free port, ``""`` turns it off. Values are read from the status snapshot at scrape time."""
