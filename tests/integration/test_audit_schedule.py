@@ -39,6 +39,11 @@ def _ferryman(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "ferryman"), *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+#: How often the tests ask ``audit list`` (a process of its own, ~1 CPU s): less often, it takes less of the 2 cores
+#: the scheduler runs on.
+_POLL_S = 2.0
+
+
 def _runs(config: Path) -> list[dict[str, Any]]:
     listed = _ferryman("audit", "list", "--config", str(config), "--output", "json", "--limit", "0")
     assert listed.returncode == 0, listed.stderr
@@ -91,7 +96,7 @@ def test_scheduler_audits_a_running_flow_every_interval_only_new_data_and_exits_
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
         read_all(destination_cluster.bootstrap_servers, dest, expected=PARTITIONS * FIRST, timeout_s=120)
         with _scheduler(flow.config, log, "--interval-s", "1") as proc:
-            runs = wait_until(lambda: _at_least(2, _runs(flow.config)), _RUNS_BUDGET_S, message="two runs")
+            runs = wait_until(lambda: _at_least(2, _runs(flow.config)), _RUNS_BUDGET_S, _POLL_S, "two runs")
             assert runs[0]["expected"] == PARTITIONS * FIRST  # the first run checks everything replicated
             assert all(r["expected"] == 0 for r in runs[1:]), runs  # then nothing new: nothing checked
 
@@ -101,7 +106,8 @@ def test_scheduler_audits_a_running_flow_every_interval_only_new_data_and_exits_
             wait_until(
                 lambda: sum(r["expected"] for r in _runs(flow.config)) >= PARTITIONS * (FIRST + MORE),
                 _RUNS_BUDGET_S,
-                message="runs of the new data",
+                _POLL_S,
+                "runs of the new data",
             )
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(_STOP_BUDGET_S)
@@ -119,6 +125,7 @@ def test_scheduler_audits_a_running_flow_every_interval_only_new_data_and_exits_
     assert "Traceback" not in output
 
 
+@pytest.mark.nightly  # a second Spark start in CI (~30-50 s); the exit status rule is unit-tested
 def test_scheduler_logs_a_violation_and_exits_1_on_sigterm_as_audit_run_would(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -131,7 +138,7 @@ def test_scheduler_logs_a_violation_and_exits_1_on_sigterm_as_audit_run_would(
     log = tmp_path / "schedule.log"
     # An hour's interval: one run, then the scheduler waits; SIGTERM ends the wait at once.
     with _scheduler(config, log, "--interval-s", "3600", "--shutdown-timeout-s", "0") as proc:
-        runs = wait_until(lambda: _runs(config), _RUNS_BUDGET_S, message="the first run")
+        runs = wait_until(lambda: _runs(config), _RUNS_BUDGET_S, _POLL_S, "the first run")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(_STOP_BUDGET_S)
     output = log.read_text(errors="replace")

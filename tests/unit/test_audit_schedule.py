@@ -211,3 +211,22 @@ def test_stop_signals_reach_the_target_exactly_once_each(signals: int) -> None:
     assert len(got) == signals
     stop._on_signal(15, None)
     assert len(got) == signals + 1
+
+
+@pytest.mark.parametrize(
+    ("violations", "last_failed", "status"),
+    [(0, False, 0), (1, False, 1), (1, True, 1), (0, True, 3)],
+    ids=["clean", "violation", "violation-then-failure", "last-failed"],
+)
+def test_the_schedule_exit_status_ranks_a_violation_first(violations: int, last_failed: bool, status: int) -> None:
+    from ferryman.cli._audit import schedule_exit_status  # noqa: PLC0415
+
+    outcome = ScheduleOutcome(
+        runs=3,
+        violations=violations,
+        failures=int(last_failed),
+        abandoned=False,
+        last_failed=last_failed,
+        usage_error=None,
+    )
+    assert schedule_exit_status(outcome) == status

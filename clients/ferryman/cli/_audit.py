@@ -41,7 +41,7 @@ from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
 
 if TYPE_CHECKING:
-    from ferryman_auditor import AuditRange, AuditReport
+    from ferryman_auditor import AuditRange, AuditReport, ScheduleOutcome
     from pyspark.sql import SparkSession
 
 group = typer.Typer(help="Check that a flow copied its source exactly once (PySpark jobs).", no_args_is_help=True)
@@ -247,6 +247,15 @@ def schedule(
         spark.stop()
     if outcome.usage_error is not None:
         return fail(outcome.usage_error, EXIT_USAGE)
+    return schedule_exit_status(outcome)
+
+
+def schedule_exit_status(outcome: ScheduleOutcome) -> int:
+    """``audit schedule``'s exit status once stopped, as ``audit run`` ranks its own.
+
+    1 if any run found a violation (later runs are incremental and never check that range again, so a clean last
+    run must not hide it), else 3 if the last run could not run, else 0 (a usage error is 2, reported apart).
+    """
     if outcome.violations:
         return EXIT_FINDING
     return EXIT_FAILED if outcome.last_failed else EXIT_OK
