@@ -497,11 +497,14 @@ class Wrapper:
         self._rewind("producer rebuilt")
 
     def _rebuild_consumer(self, why: str) -> None:
-        """Replace the source consumer: it rejoins the group and every partition starts again from its commit."""
+        """Replace the source consumer: it rejoins the group and every partition starts again from its commit.
+
+        Nothing is committed first: the old consumer is fenced, failed or stuck in a commit, so a commit
+        through it would fail or hang too; the deduper drops what the new one re-sends.
+        """
         _log.warning("replacing the source consumer: %s", why)
         self.consumer_rebuilds += 1
-        self._producer.flush(self._wc.shutdown_timeout_s)
-        self._commits.commit()
+        self._commits.wedged = False
         self._parts.drop_all()
         # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
         park(self._consumer)
