@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -123,6 +124,42 @@ def classify(error: KafkaError | BaseException) -> ErrorClass:
     if err.retriable() or err.code() in _TRANSIENT_CODES:
         return ErrorClass.RETRIABLE
     return ErrorClass.FATAL
+
+
+def is_fatal_client_error(err: KafkaError) -> bool:
+    """A client's error event that leaves the client unusable.
+
+    librdkafka raises a consumer's fatal error (a static member fenced) as code
+    ``_FATAL`` with ``fatal()`` False on error events, the cause only in the text.
+    """
+    return err.fatal() or err.code() == KafkaError._FATAL
+
+
+def is_membership_fence(err: KafkaError) -> bool:
+    """A static consumer-group member fenced by another with its ``group.instance.id``."""
+    return err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID) or "fenced" in err.str().lower()
+
+
+class FenceWindow:
+    """Tells our own earlier session from a live twin when a static consumer is fenced.
+
+    Right after a broker restart the group coordinator can fence a static member
+    with its own earlier session (its retried JoinGroup): the consumer is replaced
+    and goes on. A second fence within ``WINDOW_S`` means another live process
+    uses the instance id: the caller stops (exit 3).
+    """
+
+    WINDOW_S = 120.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._fences: list[float] = []
+
+    def twin(self) -> bool:
+        """Record a fence now; True if another one fell within the window."""
+        now = self._clock()
+        self._fences = [t for t in self._fences if now - t < self.WINDOW_S] + [now]
+        return len(self._fences) > 1
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -194,3 +194,28 @@ def test_a_retriable_error_then_a_fatal_one_surfaces_the_fatal_one() -> None:
     with pytest.raises(KafkaException) as info:
         retry_retriable(op, what="op", budget_s=5)
     assert classify(info.value) is ErrorClass.FENCED
+
+
+# ---------------------------------------------------------- consumer fences
+
+
+def test_a_consumer_fence_is_recognised_by_code_or_by_the_text_of_a_generic_fatal_error() -> None:
+    from ferryman.kafka_errors import is_fatal_client_error, is_membership_fence  # noqa: PLC0415
+
+    generic = KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other consumer")
+    assert is_fatal_client_error(generic) and is_membership_fence(generic)
+    assert is_membership_fence(err(KafkaError.FENCED_INSTANCE_ID))
+    assert not is_fatal_client_error(err(KafkaError._TRANSPORT))
+    assert not is_membership_fence(KafkaError(KafkaError._FATAL, "Fatal error: out of order sequence"))
+
+
+def test_one_fence_is_our_own_session_a_second_within_the_window_a_twin() -> None:
+    from ferryman.kafka_errors import FenceWindow  # noqa: PLC0415
+
+    now = [0.0]
+    window = FenceWindow(clock=lambda: now[0])
+    assert not window.twin()
+    now[0] += FenceWindow.WINDOW_S  # an old fence is forgotten
+    assert not window.twin()
+    now[0] += 1
+    assert window.twin()

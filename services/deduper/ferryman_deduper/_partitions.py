@@ -14,7 +14,7 @@ for, and the committed state restored for them:
   committed offsets and state;
 * **a fenced consumer** (``FENCED_INSTANCE_ID``): after a broker restart the
   group coordinator can fence our static member with our own earlier session
-  (its retried JoinGroup). The first fence in ``FENCE_WINDOW_S`` rebuilds the
+  (its retried JoinGroup). The first fence in ``FenceWindow.WINDOW_S`` rebuilds the
   consumer; a live twin with our instance id would also have fenced our
   transactional producer (same ``transactional.id``), which stops us at our next
   commit; a second consumer fence within the window stops us as fenced.
@@ -23,7 +23,6 @@ for, and the committed state restored for them:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from ferryman import envelope
 from ferryman.errors import FencedError, KafkaOperationError
 from ferryman.health import ClusterHealth
-from ferryman.kafka_errors import retry_retriable
+from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, retry_retriable
 from ferryman.state import PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
 from ferryman.watchdog import close_or_park, park
@@ -44,13 +43,6 @@ _log = logging.getLogger(__name__)
 RESTORE_BUDGET_S = 30.0
 #: A consumer's close leaves the group (or, static, just stops); longer means it is stuck.
 CLOSE_DEADLINE_S = 15.0
-#: Two consumer fences within this window mean a live twin, not a broker restart.
-FENCE_WINDOW_S = 120.0
-
-
-def _is_fence(err: KafkaError) -> bool:
-    """A static-membership fence (librdkafka reports it as _FATAL with the cause in the text)."""
-    return err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID) or "fenced" in err.str().lower()
 
 
 class StagingPartitions:
@@ -84,7 +76,7 @@ class StagingPartitions:
         self.dest_topics: dict[PartitionKey, str] = {}
         self.last_dest_offset: dict[PartitionKey, int] = {}
         self._consumer_fatal: KafkaError | None = None
-        self._fences: list[float] = []
+        self._fences = FenceWindow()
         self.callback_failure: BaseException | None = None
         self.consumer_rebuilds = 0
 
@@ -99,7 +91,7 @@ class StagingPartitions:
 
     def on_consumer_error(self, err: KafkaError) -> None:
         """error_cb of the staging consumer (a fatal error comes as code _FATAL, the cause in its text)."""
-        if err.fatal() or err.code() == KafkaError._FATAL:
+        if is_fatal_client_error(err):
             self._consumer_fatal = err
             _log.error("staging consumer: %s", err)
         else:
@@ -117,22 +109,20 @@ class StagingPartitions:
         the old consumer's generation).
 
         Raises:
-            FencedError: a second fence within FENCE_WINDOW_S (a live twin).
+            FencedError: a second fence within FenceWindow.WINDOW_S (a live twin).
         """
         err = self._consumer_fatal
         if err is None:
             return False
-        if not _is_fence(err):
+        if not is_membership_fence(err):
             _log.warning("staging consumer failed for good (%s); replacing it", err.str())
             self.rebuild_consumer()
             return True
-        now = time.monotonic()
-        self._fences = [t for t in self._fences if now - t < FENCE_WINDOW_S] + [now]
-        if len(self._fences) > 1:
+        if self._fences.twin():
             raise FencedError(
-                f"the staging consumer was fenced twice within {FENCE_WINDOW_S:.0f} s by a member with instance id "
-                f"{self._instance_id!r} ({err.str()}): another live deduper uses it; two live processes must not "
-                "share an instance id"
+                f"the staging consumer was fenced twice within {FenceWindow.WINDOW_S:.0f} s by a member with "
+                f"instance id {self._instance_id!r} ({err.str()}): another live deduper uses it; two live "
+                "processes must not share an instance id"
             )
         _log.warning(
             "staging consumer fenced by a member with our instance id %r (%s): after a broker restart that is our "

@@ -19,7 +19,7 @@ transient error in the loop rewinds every partition to its acknowledged prefix
 (retried with capped backoff while the cluster is away), a consumer fenced by
 our own earlier session after a broker restart is replaced. Health is
 NOT_SERVING with the reason meanwhile. Only a live twin (fenced twice within
-``FENCE_WINDOW_S``), configuration errors and refused data loss end the process.
+``FenceWindow.WINDOW_S``), configuration errors and refused data loss end the process.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ferryman.client_config import base_config, connected_producer, streaming_co
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.health import ClusterHealth, wait_until_reachable
-from ferryman.kafka_errors import is_transient
+from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, is_transient
 from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
@@ -66,9 +66,6 @@ _ADMIN_TIMEOUT_S = 30.0
 #: we plan for, and long enough for an audit to look back.
 _STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
 _SERVICE_NAME = "ferryman.v1.WrapperService"
-#: Two consumer fences within this window mean a live twin with our instance id,
-#: not our own earlier session fenced by a restarted broker.
-FENCE_WINDOW_S = 120.0
 #: A consumer's close commits nothing and leaves the group; longer means it is stuck.
 _CLOSE_DEADLINE_S = 15.0
 #: Backoff between recovery attempts while a cluster is away (first quick, then capped).
@@ -134,7 +131,7 @@ class Wrapper:
         self._tracker = self._parts.tracker
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
-        self._fences: list[float] = []
+        self._fences = FenceWindow()
         self._pause_wanted: tuple[bool, str] = (False, "")
         self._paused = False
         self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
@@ -201,7 +198,7 @@ class Wrapper:
 
     def _on_consumer_error(self, err: KafkaError) -> None:
         # A fatal consumer error comes as code _FATAL, its cause in the text.
-        if err.fatal() or err.code() == KafkaError._FATAL:
+        if is_fatal_client_error(err):
             self._consumer_fatal = err
             _log.error("source consumer: %s", err)
         else:
@@ -391,14 +388,11 @@ class Wrapper:
         err = self._consumer_fatal
         if err is not None:
             self._consumer_fatal = None
-            if err.code() in (KafkaError._FENCED, KafkaError.FENCED_INSTANCE_ID) or "fenced" in err.str().lower():
-                now = time.monotonic()
-                self._fences = [t for t in self._fences if now - t < FENCE_WINDOW_S] + [now]
-                if len(self._fences) > 1:
-                    raise FencedError(
-                        f"the source consumer was fenced twice within {FENCE_WINDOW_S:.0f} s by a member with "
-                        f"instance id {self._static_id!r} ({err.str()}): two live wrappers must not share it"
-                    )
+            if is_membership_fence(err) and self._fences.twin():
+                raise FencedError(
+                    f"the source consumer was fenced twice within {FenceWindow.WINDOW_S:.0f} s by a member with "
+                    f"instance id {self._static_id!r} ({err.str()}): two live wrappers must not share it"
+                )
             self._rebuild_consumer(
                 f"the source consumer failed ({err.str()}); after a broker restart a fence is our own earlier session"
             )
@@ -723,7 +717,7 @@ class Wrapper:
     def _on_consume_error(self, msg: Message, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        if err.fatal() or err.code() == KafkaError._FATAL:
+        if is_fatal_client_error(err):
             self._on_consumer_error(err)  # acted on by the loop (_check_callbacks)
             return
         started = PartitionKey(str(msg.topic()), msg.partition() or 0) in self._parts.chain
