@@ -128,7 +128,6 @@ class Wrapper:
             sources=self._parts.sources,
             health=self.source_health,
         )
-        self._tracker = self._parts.tracker
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
         self._fences = FenceWindow()
@@ -350,7 +349,7 @@ class Wrapper:
         self._producer.poll(0)
         if self._producer_fatal is not None:
             self._rebuild_producer()
-        if self._tracker.any_failed:
+        if self._parts.tracker.any_failed:
             self._rewind("a staging write failed")
         now = time.monotonic()
         if now >= self._next_commit:
@@ -469,7 +468,7 @@ class Wrapper:
         _log.warning("rewinding the wrapper: %s", why)
         self._producer.flush(self._wc.shutdown_timeout_s)
         self._commits.commit()
-        for key, (nxt, logical) in self._tracker.rewind_positions().items():
+        for key, (nxt, logical) in self._parts.tracker.rewind_positions().items():
             self._parts.restart(key, nxt, logical)
             try:
                 self._consumer.seek(TopicPartition(key.topic, key.partition, nxt if logical is None else logical))
@@ -487,7 +486,7 @@ class Wrapper:
         self._producer = self._make_producer()
         self._specs.producer = self._producer
         for key in list(self._parts.chain):
-            self._tracker.failed(key)
+            self._parts.tracker.failed(key)
         self._rewind("producer rebuilt")
 
     def _rebuild_consumer(self, why: str) -> None:
@@ -690,11 +689,11 @@ class Wrapper:
                 if self._parts.epoch.get(key) != epoch:
                     return  # report of an envelope sent before a rewind
                 if err is None:
-                    self._tracker.acked(key, last)
+                    self._parts.tracker.acked(key, last)
                     self.target_health.up()
                 else:
                     _log.error("staging write of %s up to offset %d failed: %s", key, last, err)
-                    self._tracker.failed(key)
+                    self._parts.tracker.failed(key)
 
             while True:
                 try:
@@ -709,7 +708,7 @@ class Wrapper:
                 except BufferError:
                     # Local queue full: serve delivery reports to make room.
                     self._producer.poll(0.05)
-            self._tracker.sent(key, last)
+            self._parts.tracker.sent(key, last)
             self._parts.chain[key] = last
             self.records_sent += built.record_count
             self.envelopes_sent += 1
