@@ -22,6 +22,7 @@ from ferryman.errors import (
     KafkaOperationError,
     SourceDataLostError,
     TopicShapeError,
+    UnsupportedEnvelopeError,
 )
 from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 
@@ -42,6 +43,7 @@ __all__ = [
     "SourceDataLostError",
     "TopicFilter",
     "TopicShapeError",
+    "UnsupportedEnvelopeError",
     "WrapperConfig",
     "load_config",
 ]

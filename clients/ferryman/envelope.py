@@ -20,7 +20,7 @@ from typing import NamedTuple
 import google_crc32c
 from google.protobuf.message import DecodeError
 
-from ferryman.errors import CorruptEnvelopeError, EnvelopeError
+from ferryman.errors import CorruptEnvelopeError, EnvelopeError, UnsupportedEnvelopeError
 from ferryman.v1 import envelope_pb2
 
 #: The compiled fast path (_batchcodec.pyx), or None when it was not built (no C
@@ -52,6 +52,9 @@ CHECKSUM = (
     if crc32c is not None
     else "CRC-32 (google-crc32c has no C extension here: CRC-32C envelopes verify slowly)"
 )
+
+#: The newest envelope layout this reader knows (``Envelope.schema_version``; 0, absent, means 1).
+SCHEMA_VERSION = 1
 
 Record = envelope_pb2.Record
 SourcePartition = envelope_pb2.SourcePartition
@@ -418,6 +421,7 @@ def decode(data: bytes | None) -> DecodedEnvelope:
     Raises:
         EnvelopeError: the bytes are not an envelope, or hold no records.
         CorruptEnvelopeError: the checksum does not match.
+        UnsupportedEnvelopeError: the envelope's schema version is unknown here.
     """
     if not data:
         raise EnvelopeError("empty staging record")
@@ -443,7 +447,13 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
     Raises:
         EnvelopeError: the envelope holds no records or they do not parse.
         CorruptEnvelopeError: the checksum does not match.
+        UnsupportedEnvelopeError: the envelope has a schema version newer than SCHEMA_VERSION.
     """
+    if env.schema_version > SCHEMA_VERSION:
+        raise UnsupportedEnvelopeError(
+            f"envelope schema version {env.schema_version} is newer than this reader's {SCHEMA_VERSION} "
+            "(upgrade dedupers before wrappers)"
+        )
     if not _checksum_matches(env):
         raise CorruptEnvelopeError(
             f"checksum mismatch in envelope for {env.source.topic}-{env.source.partition} "

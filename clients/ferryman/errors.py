@@ -24,6 +24,10 @@ class CorruptEnvelopeError(EnvelopeError):
     """An envelope's checksum does not match its records."""
 
 
+class UnsupportedEnvelopeError(EnvelopeError):
+    """An envelope of a schema version this reader does not know (written by a newer wrapper)."""
+
+
 class TopicShapeError(FerrymanError):
     """An existing topic has a shape Ferryman cannot safely use."""
 

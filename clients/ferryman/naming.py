@@ -68,6 +68,8 @@ class FlowNames:
     audit_topic: str
     dedupers_topic: str
     """Compacted: each live deduper's advertised address, keyed by instance id (wrappers find them there)."""
+    dlq_topic: str
+    """Dead letters: staging records the deduper quarantined, with the reason and staging coordinates in headers."""
     wrapper_group: str
     deduper_group: str
 
@@ -83,6 +85,7 @@ class FlowNames:
             offset_map_topic=f"{base}.offset-map.internal",
             audit_topic=f"{base}.audit.internal",
             dedupers_topic=f"{base}.dedupers.internal",
+            dlq_topic=f"{base}.dlq.internal",
             wrapper_group=wrapper_group or f"ferryman-wrapper.{flow.name}",
             deduper_group=deduper_group or f"ferryman-deduper.{flow.name}",
         )

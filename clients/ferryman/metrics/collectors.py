@@ -136,6 +136,15 @@ class DeduperCollector(Collector):
             flow,
             st.gaps_healed,
         )
+        bad = CounterMetricFamily(
+            "ferryman_deduper_bad_envelopes",
+            "Staging records quarantined to the flow's dead-letter topic (never written to the destination), "
+            "by reason.",
+            labels=["flow", "reason"],
+        )
+        for reason, count in sorted(st.bad_envelopes.items()):
+            bad.add_metric([flow, reason], count)
+        yield bad
         transactions = CounterMetricFamily(
             "ferryman_deduper_transactions", "Kafka transactions ended, by outcome.", labels=["flow", "outcome"]
         )

@@ -566,6 +566,26 @@ class GetDeduperStatusResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class BadEnvelopesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DEDUPER_ID_FIELD_NUMBER: _builtins.int
     FLOW_FIELD_NUMBER: _builtins.int
     RECORDS_WRITTEN_FIELD_NUMBER: _builtins.int
@@ -584,6 +604,7 @@ class GetDeduperStatusResponse(_message.Message):
     UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
     WEDGED_CALLS_FIELD_NUMBER: _builtins.int
+    BAD_ENVELOPES_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -641,6 +662,13 @@ class GetDeduperStatusResponse(_message.Message):
     def connected_wrappers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Wrappers connected over the control link."""
 
+    @_builtins.property
+    def bad_envelopes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Staging records quarantined to the dead-letter topic since start, by
+        reason (malformed, checksum_mismatch, unknown_schema_version,
+        wrong_staging_partition, foreign).
+        """
+
     def __init__(
         self,
         *,
@@ -662,10 +690,11 @@ class GetDeduperStatusResponse(_message.Message):
         unavailable_reason: _builtins.str = ...,
         producer_rebuilds: _builtins.int = ...,
         wedged_calls: _builtins.int = ...,
+        bad_envelopes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

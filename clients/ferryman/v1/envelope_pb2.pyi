@@ -345,6 +345,7 @@ class Envelope(_message.Message):
     WRAPPED_AT_MS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     RECORDS_CRC32C_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     previous_offset: _builtins.int
     """Offset of the record delivered just before this run from the same source
     partition, or -1 when the run starts at the beginning of the partition.
@@ -373,6 +374,12 @@ class Envelope(_message.Message):
     than this field verify records_crc32 only and reject such an envelope as
     corrupt: upgrade dedupers before wrappers.
     """
+    schema_version: _builtins.int
+    """Version of this envelope's layout. 0 (absent) and 1 are the layout
+    described here; a reader that meets a higher version quarantines the
+    envelope (reason unknown_schema_version) instead of guessing at it:
+    upgrade dedupers before wrappers.
+    """
     @_builtins.property
     def source(self) -> Global___SourcePartition:
         """Where the records come from."""
@@ -396,10 +403,11 @@ class Envelope(_message.Message):
         wrapped_at_ms: _builtins.int = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         records_crc32c: _builtins.int | None = ...,
+        schema_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "records_crc32c", b"records_crc32c", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "previous_offset", b"previous_offset", "record_count", b"record_count", "records", b"records", "records_crc32", b"records_crc32", "records_crc32c", b"records_crc32c", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "previous_offset", b"previous_offset", "record_count", b"record_count", "records", b"records", "records_crc32", b"records_crc32", "records_crc32c", b"records_crc32c", "schema_version", b"schema_version", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__records_crc32c: _TypeAlias = _typing.Literal["records_crc32c"]  # noqa: Y015
     _WhichOneofArgType__records_crc32c: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c"]  # noqa: Y015

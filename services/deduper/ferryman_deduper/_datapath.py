@@ -17,11 +17,12 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 from ferryman import envelope, rowproduce
 from ferryman.config import FlowConfig
-from ferryman.errors import EnvelopeError, FerrymanError
+from ferryman.errors import EnvelopeError
 from ferryman.naming import FlowNames
 from ferryman.state import PartitionKey, offset_mapping
 from ferryman.v1 import envelope_pb2, state_pb2
 
+from ferryman_deduper import _quarantine as quarantine
 from ferryman_deduper._decide import Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import Filled, GapTracker
@@ -39,7 +40,6 @@ class DeduperStats:
     records_written: int = 0
     duplicates_dropped: int = 0
     gaps_detected: int = 0
-    bad_envelopes: int = 0
     stale_topic_envelopes: int = 0
     topics_recreated: int = 0
     gaps_healed: int = 0
@@ -61,6 +61,7 @@ class DataPath:
         destinations: DestinationTopics,
         stats: DeduperStats,
         recovering: Callable[[], bool],
+        dead_letters: quarantine.Quarantine,
     ) -> None:
         self._flow = flow
         self._names = names
@@ -71,6 +72,7 @@ class DataPath:
         self._destinations = destinations
         self.stats = stats
         self._recovering = recovering
+        self._quarantine = dead_letters
 
     def process(self, msg: Message) -> None:
         """One consumed staging record: decode, decide, write (inside the open transaction)."""
@@ -89,35 +91,21 @@ class DataPath:
         self._txn.next_offsets[sp] = offset + 1
         self.stats.envelopes += 1
         try:
-            env = envelope.decode(msg.value())
-        except EnvelopeError as exc:
-            self.stats.bad_envelopes += 1
-            _log.error(
-                "staging record %s-%d@%d is not a valid envelope and is skipped (no watermark moves, so a "
-                "resent copy is still accepted): %s",
-                self._names.staging_topic,
-                sp,
-                offset,
-                exc,
-            )
+            env = quarantine.check(msg, self._flow.staging_partitions)
+        except quarantine.RejectedRecordError as rejected:
+            # No watermark moves: a good copy (a resend) is still accepted.
+            self._quarantine.put(self._txn.producer, msg, rejected)
             return
-        src = env.source
-        key = PartitionKey(src.topic, src.partition)
-        expected_sp = envelope.staging_partition(src.topic, src.partition, self._flow.staging_partitions)
-        if expected_sp != sp:
-            raise FerrymanError(
-                f"envelope of {key} found on staging partition {sp}, expected {expected_sp}: a wrapper with a "
-                f"different staging_partitions setting wrote to {self._names.staging_topic}"
-            )
-        self._apply(key, env, resent=False)
+        self._quarantine.good(sp)
+        self._apply(PartitionKey(env.source.topic, env.source.partition), env, resent=False)
 
     def process_resent(self, env_msg: envelope_pb2.Envelope) -> None:
         """An envelope that came over the control link in answer to a resend request."""
         try:
             env = envelope.verify(env_msg)
         except EnvelopeError as exc:
-            self.stats.bad_envelopes += 1
-            _log.error("resent envelope rejected: %s", exc)
+            self._quarantine.counts[quarantine.reason_of(exc).value] += 1
+            _log.error("resent envelope rejected (it is asked for again while the gap is open): %s", exc)
             return
         key = PartitionKey(env.source.topic, env.source.partition)
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)

@@ -53,6 +53,7 @@ from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
+from ferryman_deduper._quarantine import DLQ_HEADER_ROOM_BYTES, Quarantine
 from ferryman_deduper._transaction import Transaction
 
 _log = logging.getLogger(__name__)
@@ -121,6 +122,11 @@ class Deduper:
             health=self.health,
         )
         self._gaps = GapTracker()
+        self._quarantine = Quarantine(
+            staging_topic=self._names.staging_topic,
+            dlq_topic=self._names.dlq_topic,
+            max_message_bytes=self._dc.max_message_bytes,
+        )
         self._hub: ControlHub | None = None
         self._control: ControlTicker | None = None
         self._last_commit_s = 0.0
@@ -214,6 +220,12 @@ class Deduper:
             InternalTopic(self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, "state"),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
+        # Dead letters keep the original bytes of a staging record plus a few headers.
+        dlq_configs = {
+            "cleanup.policy": "delete",
+            "max.message.bytes": str(self._staging_max_message_bytes + DLQ_HEADER_ROOM_BYTES),
+        }
+        wanted.append(InternalTopic(self._names.dlq_topic, n, dlq_configs, "dead-letter"))
         if self._flow.emit_offset_mappings:
             wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
         topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S)
@@ -276,6 +288,7 @@ class Deduper:
             destinations=self._destinations,
             stats=self.stats,
             recovering=lambda: self._recovery is not None,
+            dead_letters=self._quarantine,
         )
         self._control = ControlTicker(
             hub=self._hub,
@@ -549,6 +562,7 @@ class Deduper:
             unavailable_reason=unavailable,
             producer_rebuilds=tx.producer_rebuilds,
             wedged_calls=tx.wedged_calls,
+            bad_envelopes=dict(self._quarantine.counts),
             **self._txn.status_fields(),
         )
 
