@@ -133,3 +133,80 @@ def test_bad_staging_records_go_to_the_dead_letter_topic_and_the_flow_keeps_exac
         assert log.count("quarantined to") - log.count("flows again") == 2, log[-3000:]
     finally:
         pair.stop()
+
+
+def _envelope_of(
+    source: envelope_pb2.SourcePartition, previous: int, records: list[ConsumedRecord], *, corrupt: bool
+) -> bytes:
+    """An envelope of source records as a wrapper writes it; corrupt flips a bit in its records after the CRC."""
+    run = envelope.RecordRun(
+        offsets=[r.offset for r in records],
+        timestamps_ms=[r.timestamp_ms for r in records],
+        timestamp_types=[envelope.TIMESTAMP_TYPES[r.timestamp_type] for r in records],
+        keys=[r.key for r in records],
+        values=[r.value for r in records],
+    )
+    raw = envelope.encode(source, previous, run, wrapper_id="test", wrapper_epoch=1)
+    if not corrupt:
+        return raw
+    env = envelope_pb2.Envelope.FromString(raw)
+    env.records = env.records[:-1] + bytes([env.records[-1] ^ 0x01])
+    return env.SerializeToString()
+
+
+def test_a_partition_heals_from_a_resend_after_a_corrupt_copy(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """A corrupt envelope, then a good one after it: a gap, held; the wrapper's resend after its restart heals it."""
+    topic = unique_name("heal")
+    flow = unique_name("flow")
+    staging_topic = f"ferryman.{flow}.staging.internal"
+    dst_topic = f"src.{topic}"
+    src, dst = source_cluster.bootstrap_servers, destination_cluster.bootstrap_servers
+    create_topic(src, topic, 1)
+    expected = produce_sequences(src, topic, 1, PER_ROUND)
+    pair = start_linked_pair(
+        tmp_path,
+        source_cluster,
+        destination_cluster,
+        flow=flow,
+        topics=[topic],
+        staging_partitions=STAGING_PARTITIONS,
+        wrapper={"envelope_max_records": ENVELOPE_RECORDS},
+    )
+    try:
+        assert_sequences(read_all(dst, dst_topic, expected=PER_ROUND, timeout_s=COPY_TIMEOUT_S), expected)
+        assert pair.wrapper.terminate() == 0
+
+        # While the wrapper is down: 40 new source records, staged as a corrupt envelope and a good one after it.
+        more = produce_sequences(src, topic, 1, 40, start=PER_ROUND)
+        expected[0].extend(more[0])
+        fresh = read_all(src, topic, expected=PER_ROUND + 40)[0][PER_ROUND:]
+        sp = envelope.staging_partition(topic, 0, STAGING_PARTITIONS)
+        coords = envelope.decode(read_all(dst, staging_topic)[sp][0].value).source
+        key = f"{topic}/0".encode()
+        first, second = fresh[:20], fresh[20:]
+        _plant(
+            dst,
+            [
+                (sp, key, _envelope_of(coords, PER_ROUND - 1, first, corrupt=True)),
+                (sp, key, _envelope_of(coords, first[-1].offset, second, corrupt=False)),
+            ],
+            staging_topic,
+        )
+        wait_until(
+            lambda: _status_counts(pair) == {"checksum_mismatch": 1} and pair.await_deduper_status().gaps_detected,
+            COPY_TIMEOUT_S,
+            message="the corrupt copy quarantined and the gap after it seen",
+        )
+        # Held, not skipped: nothing after the corrupt copy reached the destination.
+        assert sum(len(r) for r in read_all(dst, dst_topic).values()) == PER_ROUND
+
+        pair.wrapper.start()  # it reads again from its last commit and resends: the gap heals
+        assert_sequences(read_all(dst, dst_topic, expected=PER_ROUND + 40, timeout_s=COPY_TIMEOUT_S), expected)
+        assert pair.deduper.alive
+    finally:
+        pair.stop()
