@@ -14,6 +14,7 @@ from ferryman.config import (
     load_config,
 )
 from ferryman.errors import (
+    AuthorizationError,
     ConfigError,
     CorruptEnvelopeError,
     EnvelopeError,
@@ -27,6 +28,7 @@ from ferryman.errors import (
 from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 
 __all__ = [
+    "AuthorizationError",
     "ClusterConfig",
     "ConfigError",
     "CorruptEnvelopeError",

@@ -16,6 +16,10 @@ class ConfigError(FerrymanError):
     """The configuration is missing, malformed or inconsistent."""
 
 
+class AuthorizationError(ConfigError):
+    """The cluster refused an operation for lack of an ACL; the message names the resource and the operation."""
+
+
 class EnvelopeError(FerrymanError):
     """A staging record could not be decoded into an envelope."""
 

@@ -23,7 +23,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from ferryman.errors import KafkaOperationError, WedgedCallError
+from ferryman.errors import AuthorizationError, KafkaOperationError, WedgedCallError
 
 _log = logging.getLogger(__name__)
 
@@ -39,6 +39,37 @@ _FENCING_CODES = frozenset(
         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
+
+#: Authorization failures (a missing ACL), by the kind of resource the broker checked.
+_AUTHORIZATION_CODES = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+    KafkaError.DELEGATION_TOKEN_AUTHORIZATION_FAILED: "delegation token",
+}
+
+
+def authorization_error(exc: BaseException, *, operation: str, resource: str = "") -> AuthorizationError | None:
+    """The clear form of an authorization failure, or None when exc is not one.
+
+    Args:
+        exc: a KafkaException (or anything else: then None).
+        operation: what was being done ("create topic", "join consumer group", ...).
+        resource: the resource's name where the caller knows it.
+    """
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(err, KafkaError):
+        return None
+    kind = _AUTHORIZATION_CODES.get(err.code())
+    if kind is None:
+        return None
+    what = f"{kind} {resource}" if resource else f"a {kind}"
+    return AuthorizationError(
+        f"not authorized to {operation} ({what}): the cluster refused it with {err.name()}. Grant this "
+        f"client's principal that ACL on the {kind}, or fix the cluster's client credentials (client_config)"
+    )
+
 
 #: Consumer-group errors that mean our group generation is stale: a rebalance
 #: moved partitions away while we worked, so the transaction must be aborted.

@@ -31,7 +31,7 @@ from confluent_kafka import KafkaException
 
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
 from ferryman.errors import ClusterUnreachableError, ConfigError, FencedError, FerrymanError, SourceDataLostError
-from ferryman.kafka_errors import ErrorClass, classify
+from ferryman.kafka_errors import ErrorClass, authorization_error, classify
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -147,6 +147,10 @@ def run_service(
         _log.error("%s failed: %s", name, exc)
         return EXIT_FAILURE
     except KafkaException as exc:
+        denied = authorization_error(exc, operation=f"run the {name}")
+        if denied is not None:
+            _log.error("configuration error: %s", denied)
+            return EXIT_CONFIG
         if classify(exc) is ErrorClass.FENCED:
             _log.error("fenced: %s", exc)
             return EXIT_FENCED

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from ferryman.errors import TopicShapeError
-from ferryman.kafka_errors import retry_retriable
+from ferryman.kafka_errors import authorization_error, retry_retriable
 
 _log = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ def describe_topics(admin: AdminClient, names: Iterable[str], timeout_s: float) 
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 continue
+            denied = authorization_error(exc, operation="describe topic", resource=name)
+            if denied is not None:
+                raise denied from exc
             raise
         out[name] = TopicInfo(name=name, topic_id=uuid_bytes(desc.topic_id), partitions=len(desc.partitions))
     return out
@@ -159,6 +162,9 @@ def _create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
+            denied = authorization_error(exc, operation="create topic", resource=t.topic)
+            if denied is not None:
+                raise denied from exc
             raise
         _log.info("created topic %s with %d partitions %s", t.topic, t.num_partitions, t.config or "")
         created.add(t.topic)
@@ -187,6 +193,8 @@ class InternalTopic:
     configs: Mapping[str, str]
     purpose: str
     """What the topic is for, in errors ("staging", "state", ...)."""
+    setting: str = ""
+    """The configuration setting its partition count comes from, named in errors ("" if none)."""
 
 
 def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float) -> None:
@@ -226,10 +234,11 @@ def _check_shapes(
         if info is None:
             raise TopicShapeError(f"{t.purpose} topic {t.name} does not exist and could not be created")
         if info.partitions != t.partitions:
+            setting = f" ({t.setting})" if t.setting else ""
             raise TopicShapeError(
                 f"{t.purpose} topic {t.name} has {info.partitions} partitions but the flow is configured for "
-                f"{t.partitions}; the source-to-staging partition map depends on this count, so it must not "
-                f"change. Fix the configuration or recreate the topic after draining it."
+                f"{t.partitions}{setting}; the source-to-staging partition map depends on this count, so it must "
+                f"not change. Fix the configuration or recreate the topic after draining it."
             )
     policed = [t for t in wanted if "cleanup.policy" in t.configs]
     actual = _topic_configs(admin, [t.name for t in policed], timeout_s)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from ferryman.errors import FerrymanError, KafkaOperationError
-from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
+from ferryman.errors import AuthorizationError, ConfigError, FerrymanError, KafkaOperationError
+from ferryman.kafka_errors import ErrorClass, authorization_error, classify, kafka_error_of, retry_retriable
 
 
 def err(code: int, *, fatal: bool = False, retriable: bool = False, txn_requires_abort: bool = False) -> KafkaError:
@@ -219,3 +219,29 @@ def test_one_fence_is_our_own_session_a_second_within_the_window_a_twin() -> Non
     assert not window.twin()
     now[0] += 1
     assert window.twin()
+
+
+# ---------------------------------------------------------------- authorization
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic"),
+        (KafkaError.GROUP_AUTHORIZATION_FAILED, "consumer group"),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "cluster"),
+        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional id"),
+    ],
+)
+def test_an_authorization_failure_becomes_a_configuration_error_naming_the_resource(code: int, kind: str) -> None:
+    denied = authorization_error(KafkaException(err(code)), operation="create topic", resource="ferryman.f.x")
+    assert isinstance(denied, AuthorizationError)
+    assert isinstance(denied, ConfigError)  # the services exit with EXIT_CONFIG on it
+    text = str(denied)
+    assert text.startswith(f"not authorized to create topic ({kind} ferryman.f.x)")
+    assert KafkaError(code).name() in text
+
+
+def test_other_errors_are_not_authorization_failures() -> None:
+    assert authorization_error(KafkaException(err(KafkaError._TRANSPORT)), operation="x") is None
+    assert authorization_error(ValueError("no"), operation="x") is None

@@ -33,7 +33,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from ferryman import envelope, rowproduce, topics
+from ferryman import envelope, preflight, rowproduce, topics
 from ferryman.advertisement import advertised_address
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
@@ -216,7 +216,9 @@ class Deduper:
         n = self._flow.staging_partitions
         staging_configs = {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)}
         wanted = [
-            InternalTopic(self._names.staging_topic, n, staging_configs, "staging"),
+            InternalTopic(
+                self._names.staging_topic, n, staging_configs, "staging", f"flows[{self._flow.name}].staging_partitions"
+            ),
             InternalTopic(self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, "state"),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
@@ -268,6 +270,10 @@ class Deduper:
         assert self._hub is not None
         admin = AdminClient(self._client_conf("admin"))
         wait_until_reachable(admin, self._flow.target, self._target, self._dc.startup_timeout_s)
+        if self._eos:
+            preflight.check_transaction_timeout(
+                admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
+            )
         self._ensure_topics(admin)
         self._destinations = DestinationTopics(
             admin=admin,

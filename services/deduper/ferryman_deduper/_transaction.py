@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from ferryman.config import DeduperConfig
 from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
 from ferryman.health import ClusterHealth
-from ferryman.kafka_errors import ErrorClass, classify, kafka_error_of, retry_retriable
+from ferryman.kafka_errors import ErrorClass, authorization_error, classify, kafka_error_of, retry_retriable
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
 from ferryman.watchdog import GRACE_S, Watchdog
@@ -144,6 +144,10 @@ class Transaction:
         try:
             self._retrying(self.producer.init_transactions, "init_transactions", self._dc.operation_timeout_s * 4)
         except KafkaException as exc:
+            # Before the fencing check: librdkafka files a missing transactional-id ACL under fencing.
+            denied = authorization_error(exc, operation="use transactional id", resource=self.transactional_id)
+            if denied is not None:
+                raise denied from exc
             if classify(exc) is ErrorClass.FENCED:
                 raise FencedError(f"{self.transactional_id}: {exc}") from exc
             raise

@@ -210,7 +210,13 @@ class Wrapper:
             "retention.ms": _STAGING_RETENTION_MS,
         }
         wanted = [
-            InternalTopic(self._names.staging_topic, self._flow.staging_partitions, staging_configs, "staging"),
+            InternalTopic(
+                self._names.staging_topic,
+                self._flow.staging_partitions,
+                staging_configs,
+                "staging",
+                f"flows[{self._flow.name}].staging_partitions",
+            ),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
         topics.ensure_internal_topics(target_admin, wanted, _ADMIN_TIMEOUT_S)
