@@ -105,6 +105,25 @@ class NamingConfig(_Model, frozen=True):
     """Explicit source-topic to destination-topic names; they win over the policy."""
 
 
+class AcknowledgedLoss(_Model, frozen=True):
+    """An operator's explicit acceptance that source records were lost before they were replicated.
+
+    The deduper holds a partition at a gap and never skips it on its own; with
+    this entry it skips the missing records of ``topic``/``partition`` up to and
+    including ``through_offset`` (each skip is logged and counted), and a
+    resent copy of any of them that turns up later is dropped as already past.
+    """
+
+    topic: str
+    """Source topic."""
+    partition: Annotated[int, Meta(ge=0)]
+    """Source partition."""
+    through_offset: Annotated[int, Meta(ge=0)]
+    """Last lost offset accepted (inclusive): the end of the gap's ``lost_to`` in the deduper's status."""
+    note: str = ""
+    """Who acknowledged it and why (kept with the configuration, logged with each skip)."""
+
+
 class FlowConfig(_Model, frozen=True):
     """One replication flow: topics of a source cluster copied to a target cluster."""
 
@@ -140,6 +159,9 @@ class FlowConfig(_Model, frozen=True):
     """When a source topic is deleted and re-created (new topic id): ``reset``
     starts its partitions' watermarks again at -1 (loudly); ``halt`` stops
     writing them until an operator intervenes."""
+    acknowledged_losses: list[AcknowledgedLoss] = field(default_factory=list)
+    """Source records accepted as lost (see the deduper's gaps in ``ferryman status``):
+    a gap they cover no longer holds its partition. Empty: every gap holds."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):

@@ -145,6 +145,7 @@ class DeduperCollector(Collector):
         for reason, count in sorted(st.bad_envelopes.items()):
             bad.add_metric([flow, reason], count)
         yield bad
+        yield from self._loss_families(flow, st)
         transactions = CounterMetricFamily(
             "ferryman_deduper_transactions", "Kafka transactions ended, by outcome.", labels=["flow", "outcome"]
         )
@@ -188,6 +189,36 @@ class DeduperCollector(Collector):
             rows.append((p.topic, p.partition, log_end, p.watermark + 1))
         yield watermarks
         yield from self._lag.families(flow, rows, self._clock())
+
+    @staticmethod
+    def _loss_families(flow: str, st: control_pb2.GetDeduperStatusResponse) -> Iterator[Metric]:
+        """Open gaps (lost or still awaited), staging records deleted unread, acknowledged losses."""
+        gaps = _partition_gauge(
+            "ferryman_deduper_gap_records",
+            "Source records an open gap waits for, per source partition (the partition is held meanwhile).",
+        )
+        lost = _partition_gauge(
+            "ferryman_deduper_gap_lost_records",
+            "Of an open gap, the records the source no longer holds (deleted before they were replicated): held "
+            "until acknowledged (flows[].acknowledged_losses).",
+        )
+        for g in st.gaps:
+            gaps.add_metric([flow, g.topic, str(g.partition)], g.missing_to - g.missing_from + 1)
+            lost.add_metric([flow, g.topic, str(g.partition)], max(0, g.lost_to - g.missing_from + 1))
+        yield gaps
+        yield lost
+        yield _counter(
+            "ferryman_deduper_staging_lost_records",
+            "Staging records deleted (retention) before the deduper read them.",
+            flow,
+            sum(s.last_offset - s.first_offset + 1 for s in st.staging_losses),
+        )
+        yield _counter(
+            "ferryman_deduper_acknowledged_lost_records",
+            "Source records skipped because their loss was acknowledged (flows[].acknowledged_losses).",
+            flow,
+            st.acknowledged_lost_records,
+        )
 
     @staticmethod
     def _commit_summary(flow: str, st: control_pb2.GetDeduperStatusResponse) -> Metric:

@@ -422,12 +422,18 @@ class ResendData(_message.Message):
     ENVELOPES_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DELETED_BEFORE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """The request answered."""
     done: _builtins.bool
     """True on the last message of the answer."""
     error: _builtins.str
     """Why the request could not be served, if it could not."""
+    deleted_before: _builtins.int
+    """When > 0: the source partition's log now starts at this offset, above the
+    first offset asked for: records from_offset..deleted_before-1 were deleted
+    (retention) before they were replicated and can never be resent.
+    """
     @_builtins.property
     def envelopes(self) -> _containers.RepeatedCompositeFieldContainer[_envelope_pb2.Envelope]:
         """Envelopes of the requested range, in order; empty on the last message."""
@@ -439,10 +445,11 @@ class ResendData(_message.Message):
         envelopes: _abc.Iterable[_envelope_pb2.Envelope] | None = ...,
         done: _builtins.bool = ...,
         error: _builtins.str = ...,
+        deleted_before: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "envelopes", b"envelopes", "error", b"error", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_before", b"deleted_before", "done", b"done", "envelopes", b"envelopes", "error", b"error", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -484,6 +491,7 @@ class GetWrapperStatusResponse(_message.Message):
     WATERMARKS_FIELD_NUMBER: _builtins.int
     UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
+    SOURCE_RECORDS_LOST_FIELD_NUMBER: _builtins.int
     wrapper_id: _builtins.str
     """Wrapper identity."""
     flow: _builtins.str
@@ -510,6 +518,10 @@ class GetWrapperStatusResponse(_message.Message):
     """Staging producers replaced since start (a fatal error, or a call abandoned
     by the watchdog).
     """
+    source_records_lost: _builtins.int
+    """Source offsets deleted (retention) before this wrapper read them, since
+    start; the deduper holds their partitions at the gap (see its gaps).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProgress]:
         """Progress of the assigned partitions."""
@@ -534,10 +546,11 @@ class GetWrapperStatusResponse(_message.Message):
         watermarks: _abc.Iterable[Global___PartitionWatermark] | None = ...,
         unavailable_reason: _builtins.str = ...,
         producer_rebuilds: _builtins.int = ...,
+        source_records_lost: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "unavailable_reason", b"unavailable_reason", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "source_records_lost", b"source_records_lost", "unavailable_reason", b"unavailable_reason", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -605,6 +618,9 @@ class GetDeduperStatusResponse(_message.Message):
     PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
     WEDGED_CALLS_FIELD_NUMBER: _builtins.int
     BAD_ENVELOPES_FIELD_NUMBER: _builtins.int
+    GAPS_FIELD_NUMBER: _builtins.int
+    STAGING_LOSSES_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_LOST_RECORDS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -654,6 +670,10 @@ class GetDeduperStatusResponse(_message.Message):
     """Blocking producer calls that overran their deadline and were abandoned
     with their producer (ferryman.watchdog).
     """
+    acknowledged_lost_records: _builtins.int
+    """Source records skipped since start because their loss was acknowledged
+    (flows[].acknowledged_losses).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
         """Committed watermarks and lag of owned source partitions."""
@@ -668,6 +688,16 @@ class GetDeduperStatusResponse(_message.Message):
         reason (malformed, checksum_mismatch, unknown_schema_version,
         wrong_staging_partition, foreign).
         """
+
+    @_builtins.property
+    def gaps(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataGap]:
+        """Open gaps: source records the deduper waits for, holding their partition
+        (never skipped). A gap marked lost cannot heal from the source.
+        """
+
+    @_builtins.property
+    def staging_losses(self) -> _containers.RepeatedCompositeFieldContainer[Global___StagingLoss]:
+        """Staging records deleted (retention) before this deduper read them, since start."""
 
     def __init__(
         self,
@@ -691,11 +721,98 @@ class GetDeduperStatusResponse(_message.Message):
         producer_rebuilds: _builtins.int = ...,
         wedged_calls: _builtins.int = ...,
         bad_envelopes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        gaps: _abc.Iterable[Global___DataGap] | None = ...,
+        staging_losses: _abc.Iterable[Global___StagingLoss] | None = ...,
+        acknowledged_lost_records: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDeduperStatusResponse: _TypeAlias = GetDeduperStatusResponse  # noqa: Y015
+
+@_typing.final
+class DataGap(_message.Message):
+    """DataGap is a range of source records a partition waits for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    MISSING_FROM_FIELD_NUMBER: _builtins.int
+    MISSING_TO_FIELD_NUMBER: _builtins.int
+    RESEND_REQUESTS_FIELD_NUMBER: _builtins.int
+    OPENED_AT_MS_FIELD_NUMBER: _builtins.int
+    LOST_TO_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Source topic."""
+    partition: _builtins.int
+    """Source partition."""
+    missing_from: _builtins.int
+    """First missing offset (inclusive)."""
+    missing_to: _builtins.int
+    """Last missing offset (inclusive) known so far."""
+    resend_requests: _builtins.int
+    """Resend requests made for it since its start last moved."""
+    opened_at_ms: _builtins.int
+    """When the gap opened, milliseconds since the epoch."""
+    lost_to: _builtins.int
+    """When >= missing_from: the source no longer holds records
+    missing_from..lost_to (a wrapper said so answering a resend): they are
+    lost. The way out: produce a copy back to the source if one exists, or
+    acknowledge the loss (flows[].acknowledged_losses). -1 otherwise.
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        missing_from: _builtins.int = ...,
+        missing_to: _builtins.int = ...,
+        resend_requests: _builtins.int = ...,
+        opened_at_ms: _builtins.int = ...,
+        lost_to: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lost_to", b"lost_to", "missing_from", b"missing_from", "missing_to", b"missing_to", "opened_at_ms", b"opened_at_ms", "partition", b"partition", "resend_requests", b"resend_requests", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataGap: _TypeAlias = DataGap  # noqa: Y015
+
+@_typing.final
+class StagingLoss(_message.Message):
+    """StagingLoss is a range of staging records deleted before the deduper read them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGING_PARTITION_FIELD_NUMBER: _builtins.int
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    DETECTED_AT_MS_FIELD_NUMBER: _builtins.int
+    staging_partition: _builtins.int
+    """Staging partition."""
+    first_offset: _builtins.int
+    """First deleted staging offset (inclusive)."""
+    last_offset: _builtins.int
+    """Last deleted staging offset (inclusive)."""
+    detected_at_ms: _builtins.int
+    """When it was detected, milliseconds since the epoch."""
+    def __init__(
+        self,
+        *,
+        staging_partition: _builtins.int = ...,
+        first_offset: _builtins.int = ...,
+        last_offset: _builtins.int = ...,
+        detected_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_at_ms", b"detected_at_ms", "first_offset", b"first_offset", "last_offset", b"last_offset", "staging_partition", b"staging_partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StagingLoss: _TypeAlias = StagingLoss  # noqa: Y015

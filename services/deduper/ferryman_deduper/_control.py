@@ -38,6 +38,10 @@ class _Session:
     outbound: queue.Queue[control_pb2.ConnectResponse] = field(default_factory=queue.Queue)
 
 
+#: Resend requests remembered for their answers; beyond this many, unanswered ones are forgotten.
+_MAX_PENDING_REQUESTS = 10_000
+
+
 @dataclass(frozen=True)
 class ResentEnvelopes:
     """Envelopes received in answer to a resend request."""
@@ -46,6 +50,8 @@ class ResentEnvelopes:
     envelopes: list[envelope_pb2.Envelope]
     done: bool
     error: str
+    deleted_before: int = 0
+    """See ``ResendData.deleted_before``."""
 
 
 class ControlHub:
@@ -210,7 +216,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     self._hub.on_progress(req.progress, session.wrapper_id)
                 elif kind == "resend_data":
                     d = req.resend_data
-                    self._hub.resent.put(ResentEnvelopes(d.request_id, list(d.envelopes), d.done, d.error))
+                    self._hub.resent.put(
+                        ResentEnvelopes(d.request_id, list(d.envelopes), d.done, d.error, d.deleted_before)
+                    )
         except grpc.RpcError:
             pass  # the stream ended (client gone); the writer side notices too
         except Exception:
@@ -260,6 +268,8 @@ class ControlTicker:
         self._process_resent = process_resent
         self._add_spec = add_spec
         self._next_watermarks = 0.0
+        #: Resend requests awaiting their answer: the partition and first offset asked for.
+        self._requests: dict[int, tuple[PartitionKey, int]] = {}
 
     def tick(self, now: float) -> None:
         """Serve what the link brought and what is due."""
@@ -275,14 +285,20 @@ class ControlTicker:
                 answer = hub.resent.get_nowait()
             except queue.Empty:
                 break
-            if answer.error:
+            asked = self._requests.pop(answer.request_id, None) if answer.done else None
+            if answer.deleted_before > 0 and asked is not None:
+                self._source_deleted(asked, answer.deleted_before)
+            elif answer.error:
                 _log.error("resend request %d could not be served: %s", answer.request_id, answer.error)
             for env_msg in answer.envelopes:
                 self._process_resent(env_msg)
-        for _key, gap in self._gaps.due(now, self._dc.resend_retry_s):
+        for key, gap in self._gaps.due(now, self._dc.resend_retry_s):
             request_id = hub.request_resend(gap.source, gap.missing_from, gap.missing_to, gap.attempts)
             if request_id is not None:
                 gap.mark_requested(now)
+                if len(self._requests) > _MAX_PENDING_REQUESTS:
+                    self._requests.clear()  # answers that never came (wrappers gone): the gaps ask again
+                self._requests[request_id] = (key, gap.missing_from)
                 _log.warning(
                     "asked for source records %s-%d %d..%d again (request %d)",
                     gap.source.topic,
@@ -295,6 +311,42 @@ class ControlTicker:
             self._next_watermarks = now + self._dc.watermark_interval_s
             hub.broadcast(control_pb2.ConnectResponse(watermarks=control_pb2.Watermarks(partitions=self.watermarks())))
             self._update_backpressure()
+
+    def _source_deleted(self, asked: tuple[PartitionKey, int], deleted_before: int) -> None:
+        """A wrapper answered that the source no longer holds the start of a gap: it is lost, loudly."""
+        key, from_offset = asked
+        gap = self._gaps.lost(key, from_offset, deleted_before)
+        if gap is None or gap.attempts > 1:
+            return  # a stale answer, or already said for this gap (each repeat asks another wrapper)
+        _log.error(
+            "DATA LOST upstream: source partition %s no longer holds records %d..%d (its log now starts at %d; "
+            "retention deleted them before they were replicated). The partition is held at offset %d. Way out: "
+            "if a copy exists, produce it back to the source; or accept the loss with flows[].acknowledged_losses "
+            "(topic %s, partition %d, through_offset %d) and restart the deduper",
+            key,
+            gap.missing_from,
+            gap.lost_to,
+            deleted_before,
+            gap.missing_from - 1,
+            key.topic,
+            key.partition,
+            gap.lost_to,
+        )
+
+    def gaps(self) -> list[control_pb2.DataGap]:
+        """Open gaps, for status."""
+        return [
+            control_pb2.DataGap(
+                topic=key.topic,
+                partition=key.partition,
+                missing_from=gap.missing_from,
+                missing_to=gap.missing_to,
+                resend_requests=gap.attempts,
+                opened_at_ms=gap.opened_at_ms,
+                lost_to=gap.lost_to if gap.lost_to >= gap.missing_from else -1,
+            )
+            for key, gap in self._gaps.items()
+        ]
 
     def watermarks(self) -> list[control_pb2.PartitionWatermark]:
         """Committed watermarks and lag of the owned source partitions."""

@@ -16,14 +16,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 from ferryman import envelope, rowproduce
-from ferryman.config import FlowConfig
+from ferryman.config import AcknowledgedLoss, FlowConfig
 from ferryman.errors import EnvelopeError
 from ferryman.naming import FlowNames
 from ferryman.state import PartitionKey, offset_mapping
 from ferryman.v1 import envelope_pb2, state_pb2
 
 from ferryman_deduper import _quarantine as quarantine
-from ferryman_deduper._decide import Verdict, decide
+from ferryman_deduper._decide import PartitionState, Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import Filled, GapTracker
 from ferryman_deduper._partitions import StagingPartitions
@@ -43,6 +43,7 @@ class DeduperStats:
     stale_topic_envelopes: int = 0
     topics_recreated: int = 0
     gaps_healed: int = 0
+    acknowledged_lost_records: int = 0
     rewinds: int = 0
 
 
@@ -73,6 +74,9 @@ class DataPath:
         self.stats = stats
         self._recovering = recovering
         self._quarantine = dead_letters
+        self._acknowledged: dict[PartitionKey, list[AcknowledgedLoss]] = {}
+        for loss in flow.acknowledged_losses:
+            self._acknowledged.setdefault(PartitionKey(loss.topic, loss.partition), []).append(loss)
 
     def process(self, msg: Message) -> None:
         """One consumed staging record: decode, decide, write (inside the open transaction)."""
@@ -89,6 +93,7 @@ class DataPath:
         offset = msg.offset()
         assert offset is not None
         self._txn.next_offsets[sp] = offset + 1
+        self._parts.note_position(sp, offset)
         self.stats.envelopes += 1
         try:
             env = quarantine.check(msg, self._flow.staging_partitions)
@@ -142,10 +147,40 @@ class DataPath:
         elif verdict is Verdict.DUPLICATE:
             self.stats.duplicates_dropped += len(env.run)
         elif verdict is Verdict.GAP:
+            if self._skip_acknowledged(key, src, d.missing_from, d.missing_to):
+                self._apply(key, env, resent=resent)  # decided again past the acknowledged loss
+                return
             self.stats.gaps_detected += 1
             self._note_gap(key, src, d.missing_from, max(d.missing_to, env.last_offset))
         elif verdict is Verdict.STALE_TOPIC:
             self.stats.stale_topic_envelopes += 1
+
+    def _skip_acknowledged(
+        self, key: PartitionKey, src: envelope_pb2.SourcePartition, missing_from: int, missing_to: int
+    ) -> bool:
+        """Move key's watermark past the start of a gap that an operator acknowledged as lost; True if it moved.
+
+        Only records flows[].acknowledged_losses names are skipped, and only when a gap shows them missing.
+        """
+        through = max((a.through_offset for a in self._acknowledged.get(key, ())), default=-1)
+        if through < missing_from:
+            return False
+        skip_to = min(through, missing_to)
+        state = self._txn.pending.get(key) or self._parts.committed.get(key)
+        topic_id = state.topic_id if state is not None else src.topic_id
+        retired = set(state.retired_topic_ids) if state is not None else set()
+        self._txn.pending[key] = PartitionState(skip_to, topic_id, retired)
+        self._parts.cluster_ids[key] = src.cluster_id
+        self.stats.acknowledged_lost_records += skip_to - missing_from + 1
+        _log.error(
+            "acknowledged loss: records %d..%d of source partition %s skipped (flows[%s].acknowledged_losses: %s)",
+            missing_from,
+            skip_to,
+            key,
+            self._flow.name,
+            "; ".join(a.note for a in self._acknowledged[key] if a.note) or "no note",
+        )
+        return True
 
     def _fill_gap(self, key: PartitionKey, watermark: int, *, resent: bool) -> None:
         """Account for an accepted envelope that moved key's watermark to watermark."""

@@ -569,6 +569,9 @@ class Deduper:
             producer_rebuilds=tx.producer_rebuilds,
             wedged_calls=tx.wedged_calls,
             bad_envelopes=dict(self._quarantine.counts),
+            gaps=control.gaps() if control is not None else [],
+            staging_losses=list(self._parts.staging_losses),
+            acknowledged_lost_records=st.acknowledged_lost_records,
             **self._txn.status_fields(),
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import time
 from dataclasses import dataclass, field
 
 from ferryman.state import PartitionKey
@@ -34,9 +35,14 @@ class Gap:
     """Resend requests made since missing_from last moved (each repeat goes to another wrapper)."""
     first_missing: int = field(init=False)
     """missing_from when the gap opened (missing_from moves up as the gap is filled)."""
+    opened_at_ms: int = field(init=False)
+    """Wall time the gap opened, milliseconds since the epoch (for status)."""
+    lost_to: int = -1
+    """When >= missing_from: the source no longer holds missing_from..lost_to (a resend answer said so)."""
 
     def __post_init__(self) -> None:
         self.first_missing = self.missing_from
+        self.opened_at_ms = int(time.time() * 1000)
 
     def mark_requested(self, now: float) -> None:
         """A resend request for missing_from..missing_to went out at now."""
@@ -108,6 +114,23 @@ class GapTracker:
             return Filled.SHRUNK, before
         gap.requested_at = None
         return Filled.REST_DUE, before
+
+    def lost(self, key: PartitionKey, from_offset: int, deleted_before: int) -> Gap | None:
+        """A resend answer said the source log of key now starts at deleted_before, above from_offset.
+
+        Returns:
+            The gap, marked lost up to deleted_before - 1 (capped at its end), if it is still open
+            and the answer concerns its start; None otherwise (a stale answer).
+        """
+        gap = self._gaps.get(key)
+        if gap is None or from_offset > gap.missing_from or deleted_before <= gap.missing_from:
+            return None
+        gap.lost_to = min(gap.missing_to, deleted_before - 1)
+        return gap
+
+    def items(self) -> list[tuple[PartitionKey, Gap]]:
+        """Every open gap, by partition."""
+        return sorted(self._gaps.items())
 
     def due(self, now: float, retry_s: float) -> list[tuple[PartitionKey, Gap]]:
         """Gaps to ask for now: never asked, due at once, or asked retry_s ago without an answer that closed them."""

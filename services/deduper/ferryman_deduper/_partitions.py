@@ -23,16 +23,17 @@ for, and the committed state restored for them:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
-from ferryman import envelope
+from ferryman import envelope, topics
 from ferryman.errors import FencedError, KafkaOperationError
 from ferryman.health import ClusterHealth
 from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, retry_retriable
 from ferryman.state import PartitionKey, read_compacted
-from ferryman.v1 import state_pb2
+from ferryman.v1 import control_pb2, state_pb2
 from ferryman.watchdog import close_or_park, park
 
 from ferryman_deduper._decide import PartitionState
@@ -79,6 +80,11 @@ class StagingPartitions:
         self._fences = FenceWindow()
         self.callback_failure: BaseException | None = None
         self.consumer_rebuilds = 0
+        #: Next staging offset expected per owned partition (from its committed position): a record beyond it
+        #: means the consumer skipped ahead, which note_position checks against the log start.
+        self.expected: dict[int, int] = {}
+        self.staging_losses: list[control_pb2.StagingLoss] = []
+        """Staging ranges deleted before this deduper read them, since start (status)."""
 
     # --------------------------------------------------------------- consumer
     def start(self) -> None:
@@ -157,6 +163,8 @@ class StagingPartitions:
         drop = set(parts)
         for key in [k for k in self.committed if self.staging_partition(k) in drop]:
             del self.committed[key]
+        for sp in drop:
+            self.expected.pop(sp, None)
 
     def restore(self, partitions: list[int]) -> dict[int, int]:
         """Committed staging positions, then the state written with them.
@@ -190,7 +198,42 @@ class StagingPartitions:
                 self.last_dest_offset[key] = st.destination_offset
                 restored += 1
         _log.info("restored %d source-partition watermarks for staging partitions %s", restored, partitions)
+        for tp in committed:
+            if tp.offset >= 0:
+                self.expected[tp.partition] = tp.offset
         return {tp.partition: (tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in committed}
+
+    def note_position(self, sp: int, offset: int) -> None:
+        """A record at offset was read from staging partition sp: report staging records deleted unread.
+
+        Staging offsets are consecutive (wrappers write without transactions), so a
+        record past the expected offset means the consumer skipped ahead: its
+        position left the log (retention ran ahead of the deduper) and it restarted
+        at the log start (auto.offset.reset). The envelope chain then shows the
+        source records those envelopes held as a gap; this names the staging range.
+        """
+        expected = self.expected.get(sp)
+        self.expected[sp] = offset + 1
+        if expected is None or offset <= expected:
+            return
+        low, _high = topics.watermark_offsets(self.consumer, self._staging_topic, sp, budget_s=RESTORE_BUDGET_S)
+        if low <= expected:
+            return  # a hole of another kind (transaction markers of a foreign writer): nothing deleted
+        last = min(low, offset) - 1
+        self.staging_losses.append(
+            control_pb2.StagingLoss(
+                staging_partition=sp, first_offset=expected, last_offset=last, detected_at_ms=int(time.time() * 1000)
+            )
+        )
+        _log.error(
+            "STAGING DATA LOST: staging records %s-%d offsets %d..%d were deleted (retention) before this deduper "
+            "read them. The source records they held show as a gap and are asked for again from the wrappers; "
+            "if the source no longer has them either, the gap is reported as lost",
+            self._staging_topic,
+            sp,
+            expected,
+            last,
+        )
 
     def rewind(self) -> None:
         """Resume every owned partition from its last commit (offsets and state)."""

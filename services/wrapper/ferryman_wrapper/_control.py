@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ferryman.config import RpcConfig
+from ferryman.errors import FerrymanError
 from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
@@ -295,7 +296,12 @@ class ResendWorker:
         current = self._topic_id(src.topic)
         if src.topic_id and current is not None and current != src.topic_id:
             raise RuntimeError(f"source topic {src.topic} was re-created since; the requested records are gone")
-        messages = self._read(src, request.from_offset, request.to_offset)
+        try:
+            messages = self._read(src, request.from_offset, request.to_offset)
+        except SourceRangeDeletedError as exc:
+            _log.warning("resend request %d: %s", request.request_id, exc)  # the deduper reports the loss
+            self._send(link, request.request_id, [], done=True, deleted_before=exc.log_start, error=str(exc))
+            return
         chunk: list[envelope_pb2.Envelope] = []
         size = 0
         # The consumer started at from_offset, so no record lies between
@@ -316,10 +322,25 @@ class ResendWorker:
             size += len(built.value)
         self._send(link, request.request_id, chunk, done=True)
 
-    def _send(self, link: ControlLink, request_id: int, envelopes: list[envelope_pb2.Envelope], *, done: bool) -> None:
+    def _send(
+        self,
+        link: ControlLink,
+        request_id: int,
+        envelopes: list[envelope_pb2.Envelope],
+        *,
+        done: bool,
+        deleted_before: int = 0,
+        error: str = "",
+    ) -> None:
         sent = link.send(
             control_pb2.ConnectRequest(
-                resend_data=control_pb2.ResendData(request_id=request_id, envelopes=envelopes, done=done)
+                resend_data=control_pb2.ResendData(
+                    request_id=request_id,
+                    envelopes=envelopes,
+                    done=done,
+                    deleted_before=deleted_before,
+                    error=error,
+                )
             )
         )
         if not sent:
@@ -340,6 +361,11 @@ class ResendWorker:
         )
         consumer = Consumer(conf)
         try:
+            low, _high = consumer.get_watermark_offsets(
+                TopicPartition(src.topic, src.partition), timeout=self._read_budget_s
+            )
+            if low > from_offset:
+                raise SourceRangeDeletedError(f"{src.topic}-{src.partition}", from_offset, low)
             consumer.assign([TopicPartition(src.topic, src.partition, from_offset)])
             return read_range(
                 lambda timeout_s: consumer.consume(num_messages=1000, timeout=timeout_s),
@@ -351,6 +377,17 @@ class ResendWorker:
             )
         finally:
             consumer.close()
+
+
+class SourceRangeDeletedError(FerrymanError):
+    """Records asked for again are no longer in the source log (retention deleted them)."""
+
+    def __init__(self, partition: str, from_offset: int, log_start: int) -> None:
+        super().__init__(
+            f"source partition {partition} no longer holds offsets {from_offset}..{log_start - 1} "
+            f"(its log starts at {log_start}): deleted before they were replicated"
+        )
+        self.log_start = log_start
 
 
 def read_range(

@@ -144,6 +144,7 @@ class Wrapper:
         self._health_dirty = False
         self.records_sent = 0
         self.envelopes_sent = 0
+        self.source_records_lost = 0
         self.rewinds = 0
         self.producer_rebuilds = 0
         self.consumer_rebuilds = 0
@@ -645,6 +646,7 @@ class Wrapper:
             watermarks=[w for _, w in sorted(dict(self._watermarks).items())],
             unavailable_reason=self._unavailable_reason(),
             producer_rebuilds=self.producer_rebuilds,
+            source_records_lost=self.source_records_lost,
         )
 
     def _unavailable_reason(self) -> str:
@@ -725,12 +727,41 @@ class Wrapper:
         if is_fatal_client_error(err):
             self._on_consumer_error(err)  # acted on by the loop (_check_callbacks)
             return
-        started = PartitionKey(str(msg.topic()), msg.partition() or 0) in self._parts.chain
-        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and started:
-            raise SourceDataLostError(
-                f"source partition {msg.topic()}-{msg.partition()}: the next offset to replicate is no longer "
-                f"in the log ({err.str()}); records were deleted before they were replicated. Refusing to skip "
-                f"ahead. Inspect the loss, then reset the wrapper group {self._names.wrapper_group} offsets "
-                f"explicitly to continue."
-            )
+        key = PartitionKey(str(msg.topic()), msg.partition() or 0)
+        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and key in self._parts.chain:
+            self._continue_after_deleted(key, err)
+            return
         self.source_health.client_error(err, "source consumer")
+
+    def _continue_after_deleted(self, key: PartitionKey, err: KafkaError) -> None:
+        """The next offset to replicate left the source log (retention): go on from the log start, loudly.
+
+        Never a silent skip: the chain restarts just before the log start, so the
+        next envelope shows the deleted range to the deduper as a gap, which it
+        holds and reports as lost (a resend answer tells it the source no longer
+        has the records) until an operator acknowledges the loss.
+        """
+        low, _high = topics.watermark_offsets(self._consumer, key.topic, key.partition, budget_s=_ADMIN_TIMEOUT_S)
+        first_lost = self._parts.chain[key] + 1
+        if low <= first_lost:
+            raise SourceDataLostError(  # the position left the log, yet nothing before it was deleted: unexplained
+                f"source partition {key}: the next offset to replicate, {first_lost}, is out of range ({err.str()}) "
+                f"while the log starts at {low}; refusing to guess where to go on"
+            )
+        _log.error(
+            "SOURCE DATA LOST: source partition %s offsets %d..%d were deleted (retention) before this wrapper "
+            "read them (%s). Going on from offset %d; the deduper holds the partition at the gap and reports it "
+            "until the loss is acknowledged (flows[].acknowledged_losses)",
+            key,
+            first_lost,
+            low - 1,
+            err.str(),
+            low,
+        )
+        self._parts.chain[key] = low - 1
+        self.source_records_lost += low - first_lost
+        # After an offset reset error the partition's fetcher refuses a seek (_STATE): take it out of the
+        # local assignment and put it back at the log start (the group's assignment does not change).
+        tp = TopicPartition(key.topic, key.partition)
+        self._consumer.incremental_unassign([tp])
+        self._consumer.incremental_assign([TopicPartition(key.topic, key.partition, low)])
