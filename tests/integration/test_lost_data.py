@@ -6,6 +6,7 @@ makes the deleted range exact and immediate; the local brokers' 1 s retention ch
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ferryman import envelope
 
 from tests.helpers.grpc_clients import LinkedPair, start_linked_pair
 from tests.helpers.kafka import KafkaCluster, assert_sequences, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.services import BIN
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +86,16 @@ def test_source_retention_loss_is_a_held_gap_with_its_exact_range_until_acknowle
 
         wait_until(lost_gap, TIMEOUT_S, message="the gap reported lost with its exact range")
         assert pair.await_wrapper_status().source_records_lost == ROUND // 2
+        # What an operator sees: `ferryman status` names the lost range.
+        cli = subprocess.run(
+            [str(BIN / "ferryman"), "status", "--server", pair.deduper_address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert f"LOST {ROUND}..{ROUND + ROUND // 2 - 1}" in cli.stdout.replace("\n", "")
         assert f"offsets {ROUND}..{ROUND + ROUND // 2 - 1} were deleted" in pair.wrapper.output()
         assert f"no longer holds records {ROUND}..{ROUND + ROUND // 2 - 1}" in pair.deduper.output()
         # Held, never skipped: nothing after the hole reached the destination.

@@ -130,10 +130,20 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
     for key, value in data.items():
         # Lists of messages (partitions, watermarks) are counted here; `ferryman lag` shows them.
         shown = value
-        if isinstance(value, list):
+        if key == "gaps" and value:  # the error state an operator acts on: each range in full
+            shown = "; ".join(_gap_text(g) for g in value)
+        elif isinstance(value, list):
             shown = ", ".join(str(v) for v in value) if value and not isinstance(value[0], dict) else len(value)
         table.add_row(key, str(shown))
     return data, table
+
+
+def _gap_text(gap: dict[str, Any]) -> str:
+    """One open gap of a deduper's status (JSON form: int64 fields are strings)."""
+    text = f"{gap['topic']}-{gap['partition']} missing {gap['missing_from']}..{gap['missing_to']}"
+    if int(gap["lost_to"]) >= int(gap["missing_from"]):
+        text += f" (LOST {gap['missing_from']}..{gap['lost_to']}: see flows[].acknowledged_losses)"
+    return text
 
 
 def _lag_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
