@@ -238,3 +238,19 @@ def test_range_read_fails_on_a_consumer_error_and_when_stopping() -> None:
     with pytest.raises(RuntimeError, match="abandoned"):
         read_range(consumer.consume, "orders-3", 10, 40, deadline=time.monotonic() + 30, stopping=stopping)
     assert consumer.timeouts == []
+
+
+_LOST_SOURCE = envelope_pb2.SourcePartition(cluster_id="c", topic="orders", partition=2)
+
+
+def test_a_gap_is_marked_lost_only_by_an_answer_about_its_start() -> None:
+    gaps = GapTracker()
+    key = PartitionKey("orders", 2)
+    gaps.note(key, _LOST_SOURCE, 100, 199)
+    assert gaps.lost(key, 100, 100) is None  # the log starts at the gap: nothing of it deleted
+    assert gaps.lost(key, 120, 150) is None  # an answer about a later range (stale)
+    gap = gaps.lost(key, 100, 150)
+    assert gap is not None
+    assert gap.lost_to == 149
+    assert gaps.lost(key, 100, 500) is gap
+    assert gap.lost_to == 199  # capped at the gap's end
