@@ -12,8 +12,8 @@ from ferryman.naming import FlowNames
 from ferryman.service import EXIT_CONFIG, EXIT_FAILURE
 from ferryman.topics import describe_topics
 
-from tests.helpers.kafka import KafkaCluster, create_topic
-from tests.helpers.services import ServiceProcess, write_flow_config
+from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all
+from tests.helpers.services import ServiceProcess, running_flow, write_flow_config
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +71,40 @@ def test_a_staging_topic_with_another_partition_count_names_the_setting(
         f"(flows[{flow}].staging_partitions)" in out
     )
     assert "Traceback" not in out
+
+
+def test_a_destination_topic_with_fewer_partitions_than_the_source_is_refused_before_any_record(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_name("narrow")
+    dst_topic = f"src.{topic}"
+    create_topic(source_cluster.bootstrap_servers, topic, 4)
+    create_topic(destination_cluster.bootstrap_servers, dst_topic, 2)
+    produce_sequences(source_cluster.bootstrap_servers, topic, 4, 20)
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as f:
+        assert f.deduper.wait_exit(90) == EXIT_CONFIG
+        out = f.deduper.output()
+        assert f"destination topic {dst_topic} has 2 partitions, fewer than the 4 of source topic {topic}" in out
+        assert "flows[].naming" in out
+        assert "Traceback" not in out
+    assert describe_topics(_admin(destination_cluster), [dst_topic], _TIMEOUT_S)[dst_topic].partitions == 2
+    assert read_all(destination_cluster.bootstrap_servers, dst_topic) == {0: [], 1: []}
+
+
+def test_a_destination_topic_written_by_someone_else_is_refused_before_any_record(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_name("taken")
+    dst_topic = f"src.{topic}"
+    create_topic(source_cluster.bootstrap_servers, topic, 2)
+    create_topic(destination_cluster.bootstrap_servers, dst_topic, 2)
+    theirs = produce_sequences(destination_cluster.bootstrap_servers, dst_topic, [0], 3)
+    produce_sequences(source_cluster.bootstrap_servers, topic, 2, 20)
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as f:
+        assert f.deduper.wait_exit(90) == EXIT_CONFIG
+        out = f.deduper.output()
+        assert f"destination topic {dst_topic} partition 0 already holds records (offsets 0..2)" in out
+        assert "Traceback" not in out
+    # Theirs untouched, nothing of ours committed.
+    assert [r.value for r in read_all(destination_cluster.bootstrap_servers, dst_topic)[0]] == theirs[0]
+    assert sum(len(r) for r in read_all(destination_cluster.bootstrap_servers, dst_topic).values()) == 3

@@ -43,9 +43,9 @@ from ferryman.kafka_errors import is_transient
 from ferryman.metrics import deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
-from ferryman.state import COMPACTED_TOPIC_CONFIGS
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, read_compacted
 from ferryman.topics import InternalTopic
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 
 from ferryman_deduper._advertise import Advertiser
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
@@ -122,6 +122,7 @@ class Deduper:
             health=self.health,
         )
         self._gaps = GapTracker()
+        self._written_destinations: set[str] = set()
         self._quarantine = Quarantine(
             staging_topic=self._names.staging_topic,
             dlq_topic=self._names.dlq_topic,
@@ -212,6 +213,23 @@ class Deduper:
         )
         return Consumer(conf)
 
+    def _flow_wrote(self, destination: str) -> bool:
+        """Whether the flow's committed state (every partition, any deduper's) names destination.
+
+        Asked for a destination topic that exists at first sight: the state topic is read once and
+        again on a miss (another deduper may have written the topic since), so a topic of the flow
+        is told apart from someone else's without a read per topic.
+        """
+        if destination in self._written_destinations:
+            return True
+        parts = list(range(self._flow.staging_partitions))
+        records = read_compacted(self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S)
+        for recs in records.values():
+            for value in recs.values():
+                if value:
+                    self._written_destinations.add(state_pb2.WatermarkState.FromString(value).destination_topic)
+        return destination in self._written_destinations
+
     def _ensure_topics(self, admin: AdminClient) -> None:
         n = self._flow.staging_partitions
         staging_configs = {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)}
@@ -282,6 +300,7 @@ class Deduper:
             naming=NamingPolicy(self._flow.source, self._flow.naming),
             replicate_configs=self._flow.replicate_topic_configs,
             timeout_s=_ADMIN_TIMEOUT_S,
+            flow_wrote=self._flow_wrote,
         )
         self._txn.start()
         self._data = DataPath(

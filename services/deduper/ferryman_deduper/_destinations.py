@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import topics
-from ferryman.errors import FerrymanError
+from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import NamingPolicy
 from ferryman.state import read_compacted
 from ferryman.v1 import envelope_pb2, state_pb2
@@ -28,6 +29,14 @@ _log = logging.getLogger(__name__)
 
 class SpecMissingError(FerrymanError):
     """An envelope arrived for a source topic whose spec was never published."""
+
+
+class DestinationTopicError(ConfigError):
+    """A destination topic this flow did not make is not fit for it (too few partitions, someone else's records)."""
+
+
+#: Budget for looking for a committed record in a destination partition this flow never wrote.
+_FOREIGN_CHECK_BUDGET_S = 10.0
 
 
 @dataclass
@@ -48,17 +57,25 @@ class DestinationTopics:
         naming: NamingPolicy,
         replicate_configs: bool,
         timeout_s: float,
+        flow_wrote: Callable[[str], bool] = lambda _name: False,
     ) -> None:
+        """Create the resolver.
+
+        flow_wrote tells whether the flow's committed state names a destination topic (the flow
+        wrote it before): only such a topic is grown when found too small at first sight.
+        """
         self._admin = admin
         self._consumer_config = consumer_config
         self._specs_topic = specs_topic
         self._naming = naming
         self._replicate_configs = replicate_configs
         self._timeout_s = timeout_s
+        self._flow_wrote = flow_wrote
         self._specs: dict[tuple[str, str], state_pb2.TopicSpec] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self.producer: Producer | None = None
         self._tail: Consumer | None = None
+        self._checker: Consumer | None = None
 
     def name_of(self, topic: str) -> str:
         """Destination topic name of a source topic."""
@@ -122,10 +139,11 @@ class DestinationTopics:
             self._specs[(spec.cluster_id, spec.topic)] = spec
 
     def close(self) -> None:
-        """Release the spec-tailing consumer."""
-        if self._tail is not None:
-            self._tail.close()
-            self._tail = None
+        """Release the spec-tailing and checking consumers."""
+        for consumer in (self._tail, self._checker):
+            if consumer is not None:
+                consumer.close()
+        self._tail = self._checker = None
 
     def sync_all(self) -> None:
         """Create or grow the destination topic of every known spec (partition growth)."""
@@ -145,6 +163,8 @@ class DestinationTopics:
             existing = topics.await_topic(self._admin, name, self._timeout_s)
             if existing is None:
                 raise FerrymanError(f"destination topic {name} was not created in time")
+        elif (spec.cluster_id, spec.topic) not in self._ready:
+            self._check_existing(name, existing.partitions, spec)
         if existing.partitions < wanted:
             topics.grow_partitions(self._admin, name, wanted, self._timeout_s)
             topics.await_topic(self._admin, name, self._timeout_s, min_partitions=wanted)
@@ -154,6 +174,70 @@ class DestinationTopics:
         ready = _Ready(name, wanted)
         self._ready[(spec.cluster_id, spec.topic)] = ready
         return ready
+
+    def _check_existing(self, name: str, partitions: int, spec: state_pb2.TopicSpec) -> None:
+        """A destination topic that exists at first sight must be the flow's, or empty and big enough.
+
+        Raises:
+            DestinationTopicError: the flow never wrote it, and it has fewer partitions than the
+                source, or committed records in any partition (someone else writes it).
+        """
+        if self._flow_wrote(name):
+            return  # ours: grown below if the source grew since
+        if partitions < spec.partitions:
+            self._too_small(name, partitions, spec)
+        for partition in range(partitions):
+            self._check_unwritten(name, partition, spec.topic)
+
+    @staticmethod
+    def _too_small(name: str, partitions: int, spec: state_pb2.TopicSpec) -> None:
+        raise DestinationTopicError(
+            f"destination topic {name} has {partitions} partitions, fewer than the {spec.partitions} of source "
+            f"topic {spec.topic} (records keep their partition number), and this flow never wrote it. Grow it to "
+            f"{spec.partitions} partitions, delete it to let Ferryman create it, or map {spec.topic} to another "
+            f"name (flows[].naming)"
+        )
+
+    def _check_unwritten(self, name: str, partition: int, source: str) -> None:
+        """Raise DestinationTopicError if destination partition name-partition holds a committed record.
+
+        For a topic the flow's state never names: whatever is there was written by someone else
+        (aborted records of an earlier attempt of ours are skipped by the read_committed read). An
+        empty partition costs one offsets request.
+        """
+        if self._checker is None:  # one for the process: a new partition costs one offsets request
+            conf = dict(self._consumer_config)
+            conf.update(
+                {
+                    "group.id": "ferryman-destination-check",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                }
+            )
+            self._checker = Consumer(conf)
+        consumer = self._checker
+        low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=self._timeout_s)
+        if high <= low:
+            return
+        try:
+            consumer.assign([TopicPartition(name, partition, low)])
+            deadline = time.monotonic() + _FOREIGN_CHECK_BUDGET_S
+            while time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=100, timeout=0.5):
+                    err = msg.error()
+                    if err is None:
+                        raise DestinationTopicError(
+                            f"destination topic {name} partition {partition} already holds records (offsets "
+                            f"{low}..{high - 1}) that this flow did not write (its state never names the topic, "
+                            f"source topic {source}). Another producer or flow writes this topic; map "
+                            f"{source} to another name (flows[].naming) or empty the topic"
+                        )
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+            _log.warning("could not finish checking %s-%d for foreign records in time; going on", name, partition)
+        finally:
+            consumer.unassign()
 
     def _await_metadata(self, name: str, partitions: int) -> None:
         """Wait until the producer's metadata shows the partitions we will write to.
