@@ -121,7 +121,7 @@ class Connection:
             with FerrymanAdmin(self.server, self.rpc, timeout_s=self.timeout_s) as admin:
                 return what(admin)
         except AdminError as exc:
-            return fail(*describe(self.server, exc))
+            return fail(*describe(self.server, exc, self.rpc))
 
 
 def check_address(server: str) -> None:
@@ -171,12 +171,21 @@ def connect(
     return Connection(server, validated(RpcConfig, data), timeout_s)
 
 
-def describe(server: str, exc: AdminError) -> tuple[str, int]:
-    """One line and the exit status for a failed call."""
+def _closed_hint(rpc: RpcConfig) -> str:
+    """Why a server may have closed the connection at once, given how the client connected."""
+    if not rpc.tls.enabled:
+        return " (a TLS server closes plaintext connections: pass --ca-file)"
+    if rpc.tls.cert_file is None:
+        return " (a server requiring mutual TLS closes connections without a client certificate: pass --cert-file)"
+    return " (a server requiring mutual TLS closes connections whose client certificate it does not trust)"
+
+
+def describe(server: str, exc: AdminError, rpc: RpcConfig) -> tuple[str, int]:
+    """One line and the exit status for a failed call made with rpc's settings."""
     if isinstance(exc, TlsHandshakeError):
         return f"TLS with {server} failed (check --ca-file, --cert-file, --server-name): {exc}", EXIT_TLS
     if isinstance(exc, ServiceUnavailableError):
-        hint = " (a TLS server closes plaintext connections: pass --ca-file)" if "Socket closed" in str(exc) else ""
+        hint = _closed_hint(rpc) if "Socket closed" in str(exc) else ""
         return f"no answer from {server}{hint}: {exc}", EXIT_UNAVAILABLE
     if isinstance(exc, AuthenticationError):
         return f"{server} refused the credentials (check --token or FERRYMAN_TOKEN): {exc}", EXIT_UNAUTHENTICATED

@@ -7,6 +7,7 @@ answers) and print a table, JSON or YAML. Exit statuses: see ``ferryman.cli._com
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -31,6 +32,8 @@ from ferryman.cli._connection import (
 )
 
 OUTPUTS = ("table", "json", "yaml")
+#: Table width when stdout is no terminal (a table is as wide as its content, up to this).
+_PIPED_WIDTH = 1000
 
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")]
 
@@ -48,7 +51,9 @@ def emit(output: str, data: dict[str, Any], table: Table) -> None:
     elif output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
-        Console(soft_wrap=True).print(table)
+        # Piped, nothing is cut to 80 columns: a script greps whole names.
+        width = None if sys.stdout.isatty() else _PIPED_WIDTH
+        Console(soft_wrap=True, width=width).print(table)
 
 
 def _run(connection: Connection, output: str, render: Any) -> int:
