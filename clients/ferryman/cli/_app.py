@@ -14,7 +14,8 @@ app = typer.Typer(
     name="ferryman",
     help="Operate Ferryman flows: exactly-once replication of Kafka topics between clusters.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell): commands, options, values.
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(_audit.group, name="audit")
