@@ -18,13 +18,14 @@ from ferryman.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
-#: Exit statuses, one per kind of outcome (README "CLI"; the same for every command).
+# Exit statuses, one per kind of outcome, the same for every command (docs/cli.md lists them).
+#: Success.
 EXIT_OK = 0
 #: An audit found a difference.
 EXIT_FINDING = 1
 #: A usage mistake: unknown option, bad value, malformed --server, missing or inconsistent TLS files.
 EXIT_USAGE = 2
-#: The call failed on the server's side (anything not listed below).
+#: The command could not do its work: a cluster unreachable, a read failing, a server error not listed below.
 EXIT_FAILED = 3
 #: The server did not answer: nothing listens, unreachable, deadline passed, plaintext to a TLS port.
 EXIT_UNAVAILABLE = 4

@@ -93,7 +93,7 @@ ServerNameOption = Annotated[
     typer.Option(
         "--server-name",
         envvar="FERRYMAN_SERVER_NAME",
-        help="Name the server certificate must carry when it differs from the --server host .",
+        help="Name the server certificate must carry when it differs from the --server host.",
         show_default=False,
     ),
 ]
