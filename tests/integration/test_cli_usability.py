@@ -94,8 +94,10 @@ def test_bash_completion_offers_the_subcommands_and_options() -> None:
     assert _complete("ferryman offsets ") == ["translate"]
     assert set(_complete("ferryman audit ")) == set(root.commands["audit"].commands)  # type: ignore[attr-defined]
     assert set(_complete("ferryman status --serv")) == {"--server", "--server-name"}
+    # Typer finds the shell from the parent process, as when a person types it in bash.
     script = subprocess.run(
-        [str(FERRYMAN), "--show-completion", "bash"],
+        # (Two commands, so that bash stays the parent instead of exec-ing the one command.)
+        ["bash", "-c", f"{FERRYMAN} --show-completion; exit $?"],
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,

@@ -39,6 +39,25 @@ def _cli(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]
     return subprocess.run([str(FERRYMAN), *args], capture_output=True, text=True, timeout=90, env=environ, check=False)
 
 
+def _cli_all(*calls: tuple[tuple[str, ...], Mapping[str, str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Several commands at once (each takes seconds to start on a busy machine), in the order given."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")}
+    running = [
+        (
+            args,
+            subprocess.Popen(
+                [str(FERRYMAN), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base | dict(env)
+            ),
+        )
+        for args, env in calls
+    ]
+    done = []
+    for args, process in running:
+        out, err = process.communicate(timeout=90)
+        done.append(subprocess.CompletedProcess([str(FERRYMAN), *args], process.returncode, out, err))
+    return done
+
+
 def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     """What a separate consumer sees: the log end of each partition."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "secure-pair-check"})
@@ -116,22 +135,30 @@ def test_status_lag_and_translation_over_mutual_tls_match_the_clusters(
         assert lag is not None and lag["role"] == "deduper"
         for row in lag["partitions"]:  # type: ignore[attr-defined]
             assert row["watermark"] == ends[row["partition"]] - 1  # the last source offset, committed
-        status = json.loads(_cli("status", "-o", "json", env=at_deduper).stdout)
+        status_d, lag_w, status_w = _cli_all(
+            (("status", "-o", "json"), at_deduper),
+            (("lag", "-o", "json"), at_wrapper),
+            (("status", "-o", "json"), at_wrapper),
+        )
+        status = json.loads(status_d.stdout)
         assert int(status["records_written"]) == sum(len(r) for r in dst.values()) == 2 * PER_PARTITION
         assert int(status["duplicates_dropped"]) == 0 and status["connected_wrappers"] == [f"{pair.flow}-w1"]
         assert status["version"] and status["assigned_staging_partitions"] and status["unavailable_reason"] == ""
-
-        wrapper_lag = json.loads(_cli("lag", "-o", "json", env=at_wrapper).stdout)
+        wrapper_lag = json.loads(lag_w.stdout)
         assert wrapper_lag["role"] == "wrapper"
         for row in wrapper_lag["partitions"]:
             assert (row["log_end_offset"], row["wrapped"]) == (ends[row["partition"]], ends[row["partition"]] - 1)
-        wrapper = json.loads(_cli("status", "-o", "json", env=at_wrapper).stdout)
+        wrapper = json.loads(status_w.stdout)
         assert wrapper["control_links"] == [{"address": pair.deduper_address, "connected": True}]
         assert int(wrapper["records_sent"]) >= 2 * PER_PARTITION and wrapper["version"] == status["version"]
 
         # Offset translation: the destination record at the answer is the source record, byte for byte.
-        for partition, offset in ((0, 0), (1, 77), (0, PER_PARTITION - 1)):
-            result = _cli("offsets", "translate", topic, str(partition), str(offset), "-o", "json", env=at_deduper)
+        positions = ((0, 0), (1, 77), (0, PER_PARTITION - 1))
+        *answers, table = _cli_all(
+            *((("offsets", "translate", topic, str(p), str(o), "-o", "json"), at_deduper) for p, o in positions),
+            (("offsets", "translate", topic, "1", "5"), at_deduper),
+        )
+        for (partition, offset), result in zip(positions, answers, strict=True):
             assert result.returncode == 0, result.stderr
             answer = json.loads(result.stdout)
             assert answer["destination"]["topic"] == f"src.{topic}"
@@ -139,30 +166,32 @@ def test_status_lag_and_translation_over_mutual_tls_match_the_clusters(
             copy = next(r for r in dst[partition] if r.offset == answer["destination"]["offset"])
             original = next(r for r in src[partition] if r.offset == offset)
             assert copy.content() == original.content()
-        table = _cli("offsets", "translate", topic, "1", "5", env=at_deduper)
         assert table.returncode == 0 and "destination" in table.stdout and f"src.{topic}" in table.stdout
 
-        # Positions that are not (yet) replicated, and the wrong service: one line each, distinct statuses.
-        not_yet = _cli("offsets", "translate", topic, "0", str(PER_PARTITION), env=at_deduper)
-        _one_line(not_yet, 7, "not replicated yet")
-        _one_line(_cli("offsets", "translate", "no-such-topic", "0", "0", env=at_deduper), 7, "no offset mapping")
-        _one_line(_cli("offsets", "translate", topic, "0", "0", env=at_wrapper), 9, "does not serve")
-        _one_line(_cli("offsets", "translate", topic, "-1", "0", env=at_deduper), 2)
-
-        # Every refused connection: one line, its own exit status, no secret shown.
+        # Positions not (yet) replicated, the wrong service, and every refused connection: one line each,
+        # its own exit status, no secret shown.
         untrusted_ca = at_deduper | {"FERRYMAN_CA_FILE": str(untrusted.ca_cert), "FERRYMAN_SERVER_NAME": "localhost"}
-        _one_line(_cli("status", "--timeout", "3", env=untrusted_ca), 8, "TLS with")
         no_client_cert = {k: v for k, v in at_deduper.items() if k not in {"FERRYMAN_CERT_FILE", "FERRYMAN_KEY_FILE"}}
-        _one_line(_cli("status", "--timeout", "3", env=no_client_cert), 4, "no answer", "pass --cert-file")
         foreign_cert = at_deduper | {
             "FERRYMAN_CERT_FILE": str(untrusted.client_cert),
             "FERRYMAN_KEY_FILE": str(untrusted.client_key),
         }
-        _one_line(_cli("status", "--timeout", "3", env=foreign_cert), 4, "does not trust")
         plaintext = {"FERRYMAN_SERVER": pair.deduper_address, "FERRYMAN_TOKEN": VIEWER_TOKEN}
-        _one_line(_cli("status", "--timeout", "3", env=plaintext), 4, "pass --ca-file")
-        _one_line(_cli("status", env=at_deduper | {"FERRYMAN_TOKEN": "guess"}), 5, "UNAUTHENTICATED")
-        _one_line(_cli("status", env={k: v for k, v in at_deduper.items() if k != "FERRYMAN_TOKEN"}), 5)
+        no_token = {k: v for k, v in at_deduper.items() if k != "FERRYMAN_TOKEN"}
+        expected = [
+            ((("offsets", "translate", topic, "0", str(PER_PARTITION)), at_deduper), 7, ("not replicated yet",)),
+            ((("offsets", "translate", "no-such-topic", "0", "0"), at_deduper), 7, ("no offset mapping",)),
+            ((("offsets", "translate", topic, "0", "0"), at_wrapper), 9, ("does not serve",)),
+            ((("offsets", "translate", topic, "-1", "0"), at_deduper), 2, ()),
+            ((("status", "--timeout", "3"), untrusted_ca), 8, ("TLS with",)),
+            ((("status", "--timeout", "3"), no_client_cert), 4, ("no answer", "pass --cert-file")),
+            ((("status", "--timeout", "3"), foreign_cert), 4, ("does not trust",)),
+            ((("status", "--timeout", "3"), plaintext), 4, ("pass --ca-file",)),
+            ((("status",), at_deduper | {"FERRYMAN_TOKEN": "guess"}), 5, ("UNAUTHENTICATED",)),
+            ((("status",), no_token), 5, ("MISSING_TOKEN",)),
+        ]
+        for (_, code, says), result in zip(expected, _cli_all(*(e[0] for e in expected)), strict=True):
+            _one_line(result, code, *says)
 
         # The viewer's token cannot join the control link (it needs the peer role).
         with ControlStream(pair.deduper_address, pair.rpc) as rogue:
