@@ -44,12 +44,24 @@ class ServiceUnavailableError(AdminError):
     """No answer: nothing listens at the address, it is unreachable, or the deadline passed."""
 
 
+class TlsHandshakeError(ServiceUnavailableError):
+    """The TLS handshake failed: an untrusted server certificate, a name mismatch, TLS to a plaintext port."""
+
+
 class AuthenticationError(AdminError):
     """The server refused the credentials (UNAUTHENTICATED): no token, or a wrong one."""
 
 
 class PermissionDeniedError(AdminError):
     """The credentials are valid but may not make this call (PERMISSION_DENIED)."""
+
+
+class ResourceNotFoundError(AdminError):
+    """What the call names does not exist, or a source position is not replicated yet (NOT_FOUND)."""
+
+
+class RequestRejectedError(AdminError):
+    """The server refused the request as it stands (INVALID_ARGUMENT naming the field, FAILED_PRECONDITION...)."""
 
 
 class WrongServiceError(AdminError):
@@ -62,7 +74,16 @@ _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNIMPLEMENTED: WrongServiceError,
+    grpc.StatusCode.NOT_FOUND: ResourceNotFoundError,
+    grpc.StatusCode.INVALID_ARGUMENT: RequestRejectedError,
+    grpc.StatusCode.FAILED_PRECONDITION: RequestRejectedError,
+    grpc.StatusCode.OUT_OF_RANGE: RequestRejectedError,
+    grpc.StatusCode.ALREADY_EXISTS: RequestRejectedError,
+    grpc.StatusCode.ABORTED: RequestRejectedError,
 }
+
+#: How gRPC words a failed TLS handshake in an UNAVAILABLE status (client side).
+_HANDSHAKE_MARKERS = ("handshake failed", "ssl_error", "certificate_verify_failed")
 
 
 def _translate(exc: grpc.RpcError) -> AdminError:
@@ -70,6 +91,8 @@ def _translate(exc: grpc.RpcError) -> AdminError:
     error = rpc_error_from(exc)
     kind = _BY_CODE.get(error.code, AdminError)
     message = str(error.args[0]) if error.args else error.code.name
+    if kind is ServiceUnavailableError and any(m in message.lower() for m in _HANDSHAKE_MARKERS):
+        kind = TlsHandshakeError
     return kind(message, error.code, error.reason, error.metadata)
 
 
@@ -129,6 +152,19 @@ class FerrymanAdmin:
         """
         request = control_pb2.GetDeduperStatusRequest()
         return self._safe_call(lambda t: self._deduper.GetDeduperStatus(request, timeout=t), timeout_s)
+
+    def translate_offsets(
+        self, topic: str, partition: int, offset: int, *, timeout_s: float | None = None
+    ) -> control_pb2.TranslateOffsetsResponse:
+        """``DeduperService.TranslateOffsets``: where the record at a source position was written.
+
+        Raises:
+            ResourceNotFoundError: the position is not replicated yet, or has no offset mapping.
+            RequestRejectedError: a field out of range, or a flow without an offset map.
+            AdminError: another subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = control_pb2.TranslateOffsetsRequest(topic=topic, partition=partition, offset=offset)
+        return self._safe_call(lambda t: self._deduper.TranslateOffsets(request, timeout=t), timeout_s)
 
     def service_status(self, *, timeout_s: float | None = None) -> ServiceStatus:
         """The status of whichever service listens at the address.

@@ -77,3 +77,19 @@ class WedgedCallError(FerrymanError):
 
 class ClusterUnreachableError(FerrymanError):
     """A cluster did not answer within the start-up deadline (``startup_timeout_s``)."""
+
+
+class InvalidRequestError(FerrymanError):
+    """A request field has a value the server cannot accept; ``field`` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class NotFoundError(FerrymanError):
+    """What a request names does not exist (or, for a source position, is not replicated yet)."""
+
+
+class PreconditionError(FerrymanError):
+    """The request is valid but the service is not set up to answer it (a feature turned off)."""

@@ -17,7 +17,10 @@ from ferryman.errors import (
     EnvelopeError,
     FencedError,
     FerrymanError,
+    InvalidRequestError,
     KafkaOperationError,
+    NotFoundError,
+    PreconditionError,
     SourceDataLostError,
     TopicShapeError,
 )
@@ -68,6 +71,9 @@ class RpcError(FerrymanError):
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IncompatiblePeerError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (EnvelopeError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicShapeError, grpc.StatusCode.FAILED_PRECONDITION),
     (FencedError, grpc.StatusCode.ABORTED),
@@ -100,6 +106,8 @@ def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
+    elif isinstance(exc, InvalidRequestError):
+        metadata["field"] = exc.field
     elif isinstance(exc, RpcError):
         metadata["peer_code"] = exc.code.name
         if exc.reason:
