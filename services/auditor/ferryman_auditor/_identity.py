@@ -60,7 +60,9 @@ def _one_array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """One array of the column's chunks (binary as large_binary: one partition may hold more than 2 GiB)."""
     if isinstance(column, pa.ChunkedArray):
         chunks = column.chunks
-        if pa.types.is_binary(column.type) or pa.types.is_string(column.type):
+        # 32-bit offsets address 2 GiB: only a larger column pays the copy to 64-bit ones.
+        big = column.nbytes >= 2**31 - 2**20
+        if big and (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
             large = pa.large_binary() if pa.types.is_binary(column.type) else pa.large_string()
             chunks = [c.cast(large) for c in chunks]
             return pa.concat_arrays(chunks) if chunks else pa.array([], large)
@@ -71,9 +73,9 @@ def _one_array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 def _header_codes(column: pa.ChunkedArray | pa.Array) -> Int64s:
     """Dense codes of each record's headers (an ordered list of key/value pairs; null and empty told apart).
 
-    Each header is coded by its key and value codes; a record's headers are
-    then a row of header codes (padded with -1 past its length, so a list and
-    its prefix differ), and equal rows get equal codes by one lexicographic sort.
+    Each header is coded by its key and value codes (one int64); a record's
+    headers are then the bytes of its run of header codes, and those byte
+    strings are dictionary-encoded like any other column.
     """
     lists = _one_array(column) if isinstance(column, pa.ChunkedArray) else column
     n = len(lists)
@@ -85,19 +87,10 @@ def _header_codes(column: pa.ChunkedArray | pa.Array) -> Int64s:
         pairs = (_codes(pc.struct_field(flat, [0])) << 32) | _codes(pc.struct_field(flat, [1]))
     else:
         pairs = np.zeros(0, dtype=np.int64)
-    width = max(int(lengths.max()), 0)
-    rows = np.full((n, width + 1), -1, dtype=np.int64)
-    rows[:, 0] = lengths  # -1: no headers at all; 0: an empty list
-    if len(pairs):
-        counts = np.maximum(lengths, 0)
-        owner = np.repeat(np.arange(n), counts)
-        starts = np.cumsum(counts) - counts
-        position = np.arange(len(pairs)) - np.repeat(starts, counts)
-        rows[owner, position + 1] = pairs
-    order = np.lexsort(rows.T[::-1])
-    ordered = rows[order]
-    new = np.ones(n, dtype=bool)
-    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-    codes = np.empty(n, dtype=np.int64)
-    codes[order] = np.cumsum(new) - 1
-    return codes
+    ends = np.cumsum(np.maximum(lengths, 0)) * 8
+    if len(ends) and ends[-1] >= 2**31:
+        raise ValueError(f"{len(pairs)} headers are too many for one audit task")
+    offsets = np.concatenate([np.zeros(1, dtype=np.int32), ends.astype(np.int32)])
+    runs = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(pairs.tobytes())])
+    # Code 0: no headers at all (null); an empty list is the empty byte string, a code of its own.
+    return np.where(lengths < 0, 0, _codes(runs) + 1)
