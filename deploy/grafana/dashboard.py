@@ -97,6 +97,14 @@ def _overview() -> list[Stat]:
             "Wrappers with a control link configured and not connected.",
             _query(f"count(ferryman_wrapper_control_connected{{{_FLOW}}} == 0) or vector(0)"),
         ),
+        _stat(
+            "Audits violated",
+            "short",
+            "Source partitions whose last audit (ferryman audit) found a fault; `ferryman audit show` has them.",
+            _query(
+                f"count(max by (flow, topic, partition) (ferryman_deduper_audit_violated{{{_FLOW}}}) == 1) or vector(0)"
+            ),
+        ),
     ]
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,10 +15,13 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.config import load_config
 from ferryman_auditor import AuditRange, run_audit
+from ferryman_local import reserve_port
+from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from tests.helpers.audit import produce_copy
-from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all
+from tests.helpers.grpc_clients import local
+from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
 from tests.helpers.services import running_flow
 
 pytestmark = pytest.mark.integration
@@ -40,7 +48,11 @@ def test_a_flow_audits_clean_by_both_alignments_then_only_new_data_is_checked(
     _abort_some(source_cluster.bootstrap_servers, topic)
     flow = unique_name("flow")
     dest = f"src.{topic}"
-    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as running:
+    grpc_address, metrics_address = local(reserve_port()), local(reserve_port())
+    addresses = {"listen_address": grpc_address, "metrics_address": metrics_address}
+    with running_flow(
+        source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic], deduper=addresses
+    ) as running:
         read_all(destination_cluster.bootstrap_servers, dest, expected=PARTITIONS * FIRST, timeout_s=120)
         # Retention at the source: the oldest records of partition 0 are gone before anyone audited them.
         admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap_servers})
@@ -72,6 +84,17 @@ def test_a_flow_audits_clean_by_both_alignments_then_only_new_data_is_checked(
         produce_copy(producer, dest, copied[2][-3])
         assert producer.flush(30) == 0
         third = run_audit(spark, config, config.flows[0], AuditRange())
+        # The last verdict per partition is in the deduper's status (`ferryman status`) and its metrics.
+        latest = dict.fromkeys(range(PARTITIONS), "EXACTLY_ONCE") | {2: "VIOLATED"}
+        wait_until(lambda: _status_verdicts(grpc_address) == latest, 30, message="the verdicts in the status")
+        scraped = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10).read().decode()
+        violated = {
+            int(s.labels["partition"]): s.value
+            for family in text_string_to_metric_families(scraped)
+            for s in family.samples
+            if s.name == "ferryman_deduper_audit_violated" and (s.labels["flow"], s.labels["topic"]) == (flow, topic)
+        }
+        assert violated == {p: 1.0 if v == "VIOLATED" else 0.0 for p, v in latest.items()}, scraped
     assert third.verdict == "VIOLATED"
     by_partition = {p.partition: p for p in third.partitions}
     assert by_partition[2].duplicated == 1
@@ -130,3 +153,18 @@ def _abort_some(bootstrap: str, topic: str) -> None:
             producer.produce(topic, value=b"aborted", partition=p)
     producer.flush(30)
     producer.abort_transaction(30)
+
+
+def _status_verdicts(address: str) -> dict[int, str]:
+    """The audit verdicts `ferryman status --output json` shows for the deduper at address, by partition."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")}
+    cli = Path(sys.executable).parent / "ferryman"
+    result = subprocess.run(
+        [str(cli), "status", "--server", address, "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        check=True,
+    )
+    return {int(v["partition"]): v["verdict"] for v in json.loads(result.stdout).get("audit_verdicts", [])}

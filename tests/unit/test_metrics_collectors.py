@@ -52,6 +52,17 @@ def test_deduper_partitions_report_watermark_and_lag_where_known() -> None:
     assert ("ferryman_deduper_lag_seconds", p1) not in values
 
 
+def test_deduper_exports_the_last_audit_verdict_of_each_audited_partition() -> None:
+    clean = control_pb2.AuditVerdict(topic="t", partition=1, verdict="EXACTLY_ONCE", finished_at_ms=1_700_000_100_000)
+    values = _values(DeduperCollector(lambda: deduper_status(audit_verdicts=[*deduper_status().audit_verdicts, clean])))
+    p0, p1 = (("partition", "0"), ("topic", "t")), (("partition", "1"), ("topic", "t"))
+    assert values[("ferryman_deduper_audit_violated", p0)] == 1
+    assert values[("ferryman_deduper_audit_violated", p1)] == 0
+    assert values[("ferryman_deduper_audit_finished_timestamp_seconds", p1)] == pytest.approx(1_700_000_100.0)
+    unaudited = _values(DeduperCollector(lambda: deduper_status(audit_verdicts=[])))
+    assert not [k for k in unaudited if k[0].startswith("ferryman_deduper_audit_")]
+
+
 def test_deduper_lag_seconds_grows_while_the_watermark_stands_still() -> None:
     now = [100.0]
     collector = DeduperCollector(deduper_status, clock=lambda: now[0])

@@ -79,6 +79,9 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
             shown = "; ".join(_gap_text(g) for g in value)
         elif isinstance(value, list):
             shown = ", ".join(str(v) for v in value) if value and not isinstance(value[0], dict) else len(value)
+        if key == "audit_verdicts":  # the last audit of each owned partition: `ferryman audit show` has the rest
+            violated = sum(1 for v in value if v.get("verdict") != "EXACTLY_ONCE")
+            shown = f"{len(value)} partitions audited, {violated} VIOLATED" if value else "no audit yet"
         table.add_row(key, str(shown))
     return data, table
 

@@ -91,6 +91,24 @@ class _PartitionLag:
         return [records, seconds]
 
 
+def _audit_families(flow: str, verdicts: Sequence[control_pb2.AuditVerdict]) -> list[Metric]:
+    """The last audit verdict of each owned, audited source partition (none before the first audit)."""
+    violated = _partition_gauge(
+        "ferryman_deduper_audit_violated",
+        "1 when the last audit of the source partition found a fault (VIOLATED), 0 when it found the copy exact "
+        "(EXACTLY_ONCE); from the flow's audit topic (ferryman audit).",
+    )
+    finished = _partition_gauge(
+        "ferryman_deduper_audit_finished_timestamp_seconds",
+        "When the last audit of the source partition finished, in seconds since the epoch.",
+    )
+    for v in verdicts:
+        labels = [flow, v.topic, str(v.partition)]
+        violated.add_metric(labels, 0 if v.verdict == "EXACTLY_ONCE" else 1)
+        finished.add_metric(labels, v.finished_at_ms / 1000)
+    return [violated, finished]
+
+
 class DeduperCollector(Collector):
     """The deduper's metrics (``ferryman_deduper_*``), read from ``Deduper.status()`` at each scrape."""
 
@@ -189,6 +207,7 @@ class DeduperCollector(Collector):
             rows.append((p.topic, p.partition, log_end, p.watermark + 1))
         yield watermarks
         yield from self._lag.families(flow, rows, self._clock())
+        yield from _audit_families(flow, st.audit_verdicts)
 
     @staticmethod
     def _loss_families(flow: str, st: control_pb2.GetDeduperStatusResponse) -> Iterator[Metric]:

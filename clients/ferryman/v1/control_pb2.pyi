@@ -667,6 +667,7 @@ class GetDeduperStatusResponse(_message.Message):
     ACKNOWLEDGED_LOST_RECORDS_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     ASSIGNED_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
+    AUDIT_VERDICTS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -751,6 +752,15 @@ class GetDeduperStatusResponse(_message.Message):
     def assigned_staging_partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Staging partitions assigned to this deduper (its share of the flow)."""
 
+    @_builtins.property
+    def audit_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditVerdict]:
+        """--- Audits (issue 27): numbered from 40 to keep clear of other additions. ---
+
+        The latest audit verdict of each source partition this deduper owns that
+        was audited, from the flow's audit topic (read in the background; empty
+        before the first audit).
+        """
+
     def __init__(
         self,
         *,
@@ -778,14 +788,89 @@ class GetDeduperStatusResponse(_message.Message):
         acknowledged_lost_records: _builtins.int = ...,
         version: _builtins.str = ...,
         assigned_staging_partitions: _abc.Iterable[_builtins.int] | None = ...,
+        audit_verdicts: _abc.Iterable[Global___AuditVerdict] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDeduperStatusResponse: _TypeAlias = GetDeduperStatusResponse  # noqa: Y015
+
+@_typing.final
+class AuditVerdict(_message.Message):
+    """AuditVerdict is the latest audit of one source partition (`ferryman audit`),
+    as the flow's audit topic holds it under `verdict/<topic>/<partition>`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_MS_FIELD_NUMBER: _builtins.int
+    EXPECTED_FIELD_NUMBER: _builtins.int
+    FOUND_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    DUPLICATED_FIELD_NUMBER: _builtins.int
+    REORDERED_FIELD_NUMBER: _builtins.int
+    ALTERED_FIELD_NUMBER: _builtins.int
+    UNEXPECTED_FIELD_NUMBER: _builtins.int
+    UNVERIFIABLE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Source topic."""
+    partition: _builtins.int
+    """Source partition."""
+    verdict: _builtins.str
+    """EXACTLY_ONCE, or VIOLATED when either alignment found a fault or the two
+    disagree.
+    """
+    run_id: _builtins.str
+    """The audit run that wrote it."""
+    finished_at_ms: _builtins.int
+    """When that run finished, in milliseconds since the epoch."""
+    expected: _builtins.int
+    """Source records the run expected (committed records of its range)."""
+    found: _builtins.int
+    """Expected records found intact at the destination."""
+    missing: _builtins.int
+    """Expected records with no copy."""
+    duplicated: _builtins.int
+    """Extra copies of expected records."""
+    reordered: _builtins.int
+    """Fewest records to move to restore the source order."""
+    altered: _builtins.int
+    """Copies whose key, value, headers, timestamp or type differ."""
+    unexpected: _builtins.int
+    """Destination records that copy no source record of the range."""
+    unverifiable: _builtins.int
+    """Destination records whose source records retention or compaction removed."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        verdict: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        finished_at_ms: _builtins.int = ...,
+        expected: _builtins.int = ...,
+        found: _builtins.int = ...,
+        missing: _builtins.int = ...,
+        duplicated: _builtins.int = ...,
+        reordered: _builtins.int = ...,
+        altered: _builtins.int = ...,
+        unexpected: _builtins.int = ...,
+        unverifiable: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["altered", b"altered", "duplicated", b"duplicated", "expected", b"expected", "finished_at_ms", b"finished_at_ms", "found", b"found", "missing", b"missing", "partition", b"partition", "reordered", b"reordered", "run_id", b"run_id", "topic", b"topic", "unexpected", b"unexpected", "unverifiable", b"unverifiable", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditVerdict: _TypeAlias = AuditVerdict  # noqa: Y015
 
 @_typing.final
 class DataGap(_message.Message):

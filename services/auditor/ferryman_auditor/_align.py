@@ -1,9 +1,10 @@
 """The two alignments of one source partition's records with their copies, and what each finds.
 
-Pure functions over numpy columns: the audit job hands each partition's rows to
-``classify`` on an executor. Records are compared by a 128-bit content hash
-(two independent 64-bit hashes of key, value, headers, timestamp and timestamp
-type, nulls told apart from empty values), computed by Spark.
+Pure functions over numpy columns: each audit task hands its partition's rows to
+``classify`` on an executor. Records are compared by a 16-byte content key: two
+int64 columns that are equal exactly when key, value, headers, timestamp and
+timestamp type are (``_identity``: exact codes, nulls told apart from empty
+values; the "hashes" below are those keys).
 
 *By content* (works without the offset map): the k-th copy of a content at the
 destination is the k-th occurrence of that content in the expected records.

@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from ferryman.audit_verdicts import VERDICT_PREFIX, verdict_key
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, read_compacted
 from ferryman.topics import InternalTopic, describe_topics, ensure_internal_topics
 
@@ -26,7 +27,6 @@ from ferryman_auditor._report import AuditReport
 
 CHECKPOINT_KEY = b"checkpoint"
 RUN_PREFIX = b"run/"
-VERDICT_PREFIX = b"verdict/"
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class AuditStore:
         )
         for p in report.partitions:
             entry = {"run_id": report.run_id, "finished_at_ms": report.finished_at_ms, **p.as_dict()}
-            key = VERDICT_PREFIX + f"{p.topic}/{p.partition}".encode()
+            key = verdict_key(p.topic, p.partition)
             producer.produce(self._topic, key=key, value=json.dumps(entry).encode(), on_delivery=on_delivery)
         # The checkpoint goes last and only once the run is acknowledged: a checkpoint never points past a run
         # that was not stored.

@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, preflight, rowproduce, topics
 from ferryman.advertisement import advertised_address
+from ferryman.audit_verdicts import VerdictFollower
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
@@ -132,6 +133,7 @@ class Deduper:
         )
         self._hub: ControlHub | None = None
         self._control: ControlTicker | None = None
+        self._verdicts: VerdictFollower | None = None
         self._last_commit_s = 0.0
         #: A failed step waiting to be recovered (the loop retries it with backoff).
         self._recovery: tuple[BaseException, str] | None = None
@@ -353,6 +355,9 @@ class Deduper:
             self._produce_path(),
         )
         self._set_serving(True)
+        # The last audit verdicts, for status() and the metrics: a thread of its own, off the loop.
+        self._verdicts = VerdictFollower(self._client_conf("audit-verdicts"), self._names.audit_topic)
+        self._verdicts.start()
         advertiser = Advertiser(
             names=self._names,
             instance_id=self.instance_id,
@@ -368,6 +373,8 @@ class Deduper:
                 self._commit("shutdown")
         finally:
             advertiser.stop()  # first: wrappers stop dialling a deduper on its way out
+            if self._verdicts is not None:
+                self._verdicts.stop()
             self._server.begin_drain()
             self._close()
 
@@ -590,6 +597,9 @@ class Deduper:
         unavailable = self._destination_trouble() or (
             f"recovering: {self._recovery[1]}" if self._recovery is not None else ""
         )
+        watermarks = control.watermarks() if control is not None else []
+        owned = {(w.topic, w.partition) for w in watermarks}
+        verdicts = self._verdicts.verdicts() if self._verdicts is not None else []
         return control_pb2.GetDeduperStatusResponse(
             deduper_id=self.instance_id,
             flow=self._flow.name,
@@ -599,7 +609,7 @@ class Deduper:
             gaps_healed=st.gaps_healed,
             transactions_committed=tx.committed,
             transactions_aborted=tx.aborted,
-            partitions=control.watermarks() if control is not None else [],
+            partitions=watermarks,
             connected_wrappers=self._hub.connected_wrappers() if self._hub is not None else [],
             unavailable_reason=unavailable,
             producer_rebuilds=tx.producer_rebuilds,
@@ -610,6 +620,7 @@ class Deduper:
             acknowledged_lost_records=st.acknowledged_lost_records,
             version=package_version(),
             assigned_staging_partitions=sorted(set(self._parts.owned)),
+            audit_verdicts=[v for v in verdicts if (v.topic, v.partition) in owned],
             **self._txn.status_fields(),
         )
 
