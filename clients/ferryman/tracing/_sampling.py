@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ferryman.config import TracingConfig
@@ -29,7 +29,8 @@ TRACESTATE = "tracestate"
 
 _HEX = frozenset("0123456789abcdef")
 
-Headers = Sequence[tuple[str, bytes | None]]
+#: A record's headers as confluent-kafka gives them (values are bytes; str is accepted too).
+Headers = Sequence[tuple[str, bytes | str | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,20 +77,22 @@ def format_traceparent(trace_id: int, span_id: int, *, sampled: bool = True) -> 
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
-def context_of(headers: Headers) -> ParentContext | None:
+def context_of(headers: Headers | Mapping[str, bytes | str | None]) -> ParentContext | None:
     """The trace context a record's headers carry, or None (no valid ``traceparent``).
+
+    headers as ``Message.headers()`` gives them (a list of pairs; a mapping is taken too).
 
     With several ``traceparent`` headers the first valid one counts; a
     ``tracestate`` is kept only beside a valid ``traceparent``.
     """
     parent = state = None
-    for key, value in headers:
+    for key, value in headers.items() if isinstance(headers, Mapping) else headers:
         if value is None:
             continue
         if parent is None and key == TRACEPARENT:
-            parent = parse_traceparent(value.decode("ascii", "replace"))
+            parent = parse_traceparent(value.decode("ascii", "replace") if isinstance(value, bytes) else value)
         elif state is None and key == TRACESTATE:
-            state = value.decode("ascii", "replace")
+            state = value.decode("ascii", "replace") if isinstance(value, bytes) else value
     return ParentContext(parent, state or "") if parent is not None else None
 
 

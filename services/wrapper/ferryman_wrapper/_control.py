@@ -33,7 +33,7 @@ from ferryman.rpc import open_channel, rpc_error_from
 from ferryman.tracing import RecordSampler, Tracing, capped_links, kafka_attributes
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from ferryman_wrapper._envelopes import build_envelopes
 from ferryman_wrapper._traces import RunTraces, WrapperTraces
@@ -90,9 +90,12 @@ class ControlLink:
         on_backpressure: Callable[[bool, str], None],
         on_resend: Callable[[control_pb2.ResendRequest, ControlLink], None],
         on_watermarks: Callable[[control_pb2.Watermarks], None],
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.address = address
         self._rpc = rpc
+        #: CLIENT spans of the Connect streams (one per stream, the deduper's SERVER span under it).
+        self._tracer_provider = tracer_provider
         self._hello = hello
         self._specs = specs
         self._on_backpressure = on_backpressure
@@ -152,7 +155,7 @@ class ControlLink:
         backoff = _BACKOFF_INITIAL_S
         while not self._stop.is_set():
             try:
-                channel = open_channel(self.address, self._rpc)
+                channel = open_channel(self.address, self._rpc, tracer_provider=self._tracer_provider)
             except Exception:
                 _log.exception("cannot open a channel to %s", self.address)
                 self._stop.wait(backoff)

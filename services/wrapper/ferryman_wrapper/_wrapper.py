@@ -576,6 +576,7 @@ class Wrapper:
             on_backpressure=self._on_backpressure,
             on_resend=self._resender.submit,
             on_watermarks=self._on_watermarks,
+            tracer_provider=self._tracing.provider if self._tracing is not None else None,
         )
 
     def _hello(self) -> control_pb2.Hello:
