@@ -26,7 +26,9 @@ def test_client_span_is_the_parent_of_the_server_span() -> None:
     server.start()
     try:
         with open_channel(f"127.0.0.1:{server.port}", rpc, tracer_provider=provider) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # the stubs declare no methods
+                health_pb2.HealthCheckRequest(service=""), timeout=10
+            )
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING  # servers start NOT_SERVING
     finally:
         server.stop(1.0)
@@ -49,7 +51,9 @@ def test_without_a_provider_the_channel_makes_no_span() -> None:
     server.start()
     try:
         with open_channel(f"127.0.0.1:{server.port}", rpc) as channel:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # the stubs declare no methods
+                health_pb2.HealthCheckRequest(service=""), timeout=10
+            )
     finally:
         server.stop(1.0)
     assert spans.get_finished_spans() == ()

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 from ferryman import envelope
 from ferryman.config import TracingConfig, load_config
 from ferryman.envelope import RecordRun
@@ -13,6 +14,7 @@ from ferryman.errors import ConfigError
 from ferryman.tracing import RecordSampler, context_of, format_traceparent, parent_context, parse_traceparent
 from ferryman.v1 import envelope_pb2
 from ferryman_deduper._traces import with_traceparent
+from ferryman_wrapper._traces import _with_headers
 from opentelemetry.trace import get_current_span
 
 TP_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -73,7 +75,11 @@ def test_always_on_and_off() -> None:
 
 def test_parent_based_follows_the_sampled_flag_and_samples_roots_by_ratio() -> None:
     sampler = RecordSampler("parentbased_always_off", 0.0)
-    headers = [None, [("traceparent", TP_SAMPLED.encode())], [("traceparent", TP_UNSAMPLED.encode())], [("k", b"v")]]
+    headers = [
+        (1, [("traceparent", TP_SAMPLED.encode())]),
+        (2, [("traceparent", TP_UNSAMPLED.encode())]),
+        (3, [("k", b"v")]),
+    ]
     decided = sampler.decide(4, headers)
     assert [(i, p.traceparent if p else None) for i, p in decided] == [(1, TP_SAMPLED)]
     # Roots at 100 %: every record without context; the unsampled parent is still respected.
@@ -82,7 +88,7 @@ def test_parent_based_follows_the_sampled_flag_and_samples_roots_by_ratio() -> N
 
 
 def test_non_parent_based_decides_for_every_record_and_joins_the_context_it_finds() -> None:
-    headers = [None, [("traceparent", TP_UNSAMPLED.encode())]]
+    headers = [(1, [("traceparent", TP_UNSAMPLED.encode())])]
     decided = RecordSampler("always_on", 0.0).decide(2, headers)
     assert decided[0] == (0, None)
     assert decided[1][0] == 1 and decided[1][1] is not None and decided[1][1].traceparent == TP_UNSAMPLED
@@ -90,7 +96,7 @@ def test_non_parent_based_decides_for_every_record_and_joins_the_context_it_find
 
 
 def test_no_headers_at_zero_ratio_decides_nothing() -> None:
-    assert RecordSampler("parentbased_traceidratio", 0.0).decide(1000, None) == []
+    assert RecordSampler("parentbased_traceidratio", 0.0).decide(1000) == []
 
 
 def test_otel_environment_sets_the_tracing_section(tmp_path: Path) -> None:
@@ -178,3 +184,22 @@ def test_with_traceparent_replaces_in_place_or_appends() -> None:
         ("b", None),
         ("traceparent", b"2nd"),
     ]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_records_with_headers_are_found_alike_by_both_codecs(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not compiled:
+        monkeypatch.setattr(envelope, "batchcodec", None)
+    elif envelope.batchcodec is None:
+        pytest.fail("the compiled codec is not built in this worktree")
+    run = [
+        Message(topic="t", partition=0, offset=0, key=b"k", value=b"v"),
+        Message(topic="t", partition=0, offset=1, value=b"v", headers=[("traceparent", TP_SAMPLED.encode())]),
+        Message(topic="t", partition=0, offset=2, value=b"v", headers=[]),
+        Message(topic="t", partition=0, offset=3, value=b"v", headers=[("a", None)]),
+    ]
+    found = _with_headers(run)
+    assert [i for i, _ in found] == [1, 3]
+    assert found[0][1] == [("traceparent", TP_SAMPLED.encode())]
+    decided = RecordSampler("parentbased_always_off", 0.0).decide(len(run), found)
+    assert [(i, p.traceparent if p else None) for i, p in decided] == [(1, TP_SAMPLED)]

@@ -5,9 +5,9 @@ spends well under one per record. So the decision is taken per *run* of
 records, before any span exists, and costs close to nothing for the records
 it skips:
 
-* trace context is looked for only in records that have headers (the header
-  column is built with one C-level ``map`` and filtered with
-  ``itertools.compress``, so records without headers run no Python code);
+* trace context is looked for only in records that have headers (the
+  compiled codec's ``header_indexes`` finds them in one pass over the
+  messages' fields; records without headers run no Python code);
 * the ratio is a geometric skip count (how many records pass before the next
   one starting a trace), drawn once per *sampled* record, not a random draw
   per record.
@@ -15,10 +15,9 @@ it skips:
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ferryman.config import TracingConfig
@@ -138,20 +137,21 @@ class RecordSampler:
         self._skip = i - n
         return out
 
-    def decide(self, n: int, headers: Sequence[Headers | None] | None) -> list[tuple[int, ParentContext | None]]:
+    def decide(
+        self, n: int, with_headers: Iterable[tuple[int, Headers]] = ()
+    ) -> list[tuple[int, ParentContext | None]]:
         """The traced records of a run of n: (index, the context they join or None for a new trace), by index.
 
         Args:
             n: records in the run.
-            headers: the run's header column (one entry per record, None: no headers), or None when
-                no record has headers.
+            with_headers: (index, headers) of the records that have headers, the only ones looked at
+                for trace context.
         """
         contexts: dict[int, ParentContext] = {}
-        if headers is not None:
-            for i in itertools.compress(range(n), headers):  # only the records that have headers
-                found = context_of(headers[i])  # type: ignore[arg-type]  # compress kept non-empty entries
-                if found is not None:
-                    contexts[i] = found
+        for i, headers in with_headers:
+            found = context_of(headers)
+            if found is not None:
+                contexts[i] = found
         chosen: dict[int, ParentContext | None] = {}
         if self.follow_parent:
             chosen.update((i, c) for i, c in contexts.items() if c.sampled)

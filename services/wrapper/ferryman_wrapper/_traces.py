@@ -43,6 +43,14 @@ class RunTraces:
             span.end()
 
 
+def _with_headers(run: Sequence[Message]) -> list[tuple[int, Any]]:
+    """(index, headers) of the run's records that have headers: found in C, by the compiled codec if built."""
+    codec = envelope.batchcodec
+    if codec is not None and isinstance(run, list):
+        return [(i, _headers(run[i])) for i in codec.header_indexes(run)]
+    return [(i, h) for i, h in enumerate(map(_headers, run)) if h]
+
+
 class WrapperTraces:
     """Starts the record spans of runs of consumed source records."""
 
@@ -60,9 +68,7 @@ class WrapperTraces:
 
     def start(self, topic: str, partition: int, run: Sequence[Message]) -> RunTraces | None:
         """Spans for the traced records of run (one source partition, offset order); None when none is traced."""
-        n = len(run)
-        headers: list[Any] = list(map(_headers, run))  # C-level; None for records without headers
-        decided = self._sampler.decide(n, headers if any(headers) else None)
+        decided = self._sampler.decide(len(run), _with_headers(run))
         if not decided:
             return None
         spans: list[tuple[int, Span, str]] = []
