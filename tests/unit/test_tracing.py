@@ -11,11 +11,14 @@ from ferryman import envelope
 from ferryman.config import TracingConfig, load_config
 from ferryman.envelope import RecordRun
 from ferryman.errors import ConfigError
-from ferryman.tracing import RecordSampler, context_of, format_traceparent, parent_context, parse_traceparent
+from ferryman.tracing import RecordSampler, Tracing, context_of, format_traceparent, parent_context, parse_traceparent
 from ferryman.v1 import envelope_pb2
-from ferryman_deduper._traces import with_traceparent
+from ferryman_deduper._traces import DeduperTraces, with_traceparent
 from ferryman_wrapper._traces import _with_headers
-from opentelemetry.trace import get_current_span
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode, get_current_span
 
 TP_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TP_UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -203,3 +206,65 @@ def test_records_with_headers_are_found_alike_by_both_codecs(compiled: bool, mon
     assert found[0][1] == [("traceparent", TP_SAMPLED.encode())]
     decided = RecordSampler("parentbased_always_off", 0.0).decide(len(run), found)
     assert [(i, p.traceparent if p else None) for i, p in decided] == [(1, TP_SAMPLED)]
+
+
+def _tracing(**overrides: object) -> tuple[Tracing, InMemorySpanExporter]:
+    """A Tracing whose record spans go to memory."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    config = TracingConfig(enabled=True, **overrides)  # type: ignore[arg-type]
+    tracing = Tracing(
+        config=config,
+        sampler=RecordSampler.of(config),
+        records=provider.get_tracer("t"),
+        provider=provider,
+        record_provider=provider,
+    )
+    return tracing, spans
+
+
+def test_deduper_continues_the_wrapper_span_and_writes_its_publish_span_as_traceparent() -> None:
+    tracing, spans = _tracing(max_links=1)
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    wrapper_span = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
+        + envelope.record_traces_suffix([(10, wrapper_span, ""), (11, TP_SAMPLED, "k=v"), (99, TP_SAMPLED, "")])
+    )
+    # Record 10 was a duplicate (start=1): only 11 is written, so only 11 gets spans and a traceparent.
+    column = traces.written(
+        env, 1, destination="dst", staging_partition=2, staging_offset=5, headers=env.run.header_column()
+    )
+    assert column is not None and column[0] is None and column[2] is None
+    assert column[1] is not None and column[1][0] == ("h", b"x") and column[1][1][0] == "traceparent"
+    process = spans.get_finished_spans()
+    assert [s.name for s in process] == ["stg process"]
+    assert process[0].parent is not None and f"{process[0].parent.span_id:016x}" == "b7ad6b7169203331"
+    assert process[0].attributes is not None and process[0].attributes["messaging.kafka.message.offset"] == 5
+    traces.committed(records=2, started_ns=1)
+    names = [s.name for s in spans.get_finished_spans()]
+    assert names == ["stg process", "dst publish", "ferryman commit"]
+    publish, commit = spans.get_finished_spans()[1:]
+    assert column[1][1][1] == f"00-{publish.context.trace_id:032x}-{publish.context.span_id:016x}-01".encode()
+    assert publish.context.trace_state.to_header() == "k=v"
+    assert [link.context.span_id for link in commit.links] == [publish.context.span_id]  # capped at max_links
+    # A transaction that aborts: its publish spans end with an error status, and no commit span.
+    traces.written(env, 0, destination="dst", staging_partition=2, staging_offset=6, headers=None)
+    traces.aborted("rewound")
+    last = spans.get_finished_spans()[-2:]
+    assert [s.name for s in last] == ["dst publish", "dst publish"]
+    assert all(s.status.status_code is StatusCode.ERROR for s in last)
+
+
+def test_deduper_leaves_headers_alone_when_no_written_record_is_traced() -> None:
+    tracing, spans = _tracing()
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
+        + envelope.record_traces_suffix([(10, TP_SAMPLED, "")])
+    )
+    assert traces.written(env, 1, destination="d", staging_partition=0, staging_offset=1, headers=None) is None
+    assert spans.get_finished_spans() == ()
