@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from ferryman.tracing import TRACEPARENT
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
@@ -112,14 +113,22 @@ def _read(spark: SparkSession, cluster: ClusterAccess, topic: str, starts: dict[
 
 
 def _content_hashes() -> tuple[Column, Column]:
-    """Two independent 64-bit hashes of what replication must keep; nulls are told apart from empty values."""
-    headers = sf.transform("headers", lambda h: sf.struct(h["key"], sf.isnull(h["value"]), h["value"]))
+    """Two independent 64-bit hashes of what replication must keep; nulls are told apart from empty values.
+
+    ``traceparent`` headers are left out on both sides: on traced records Ferryman sets it at the
+    destination (replaced in place, or appended when the source record had none; README, "Operations:
+    tracing"), so a traced copy is not an altered one. A record whose only header was that one hashes as
+    a record without headers.
+    """
+    kept = sf.filter("headers", lambda h: h["key"] != sf.lit(TRACEPARENT))
+    kept = sf.when(sf.size(kept) > 0, kept)  # no header left: as a record without headers (null)
+    headers = sf.transform(kept, lambda h: sf.struct(h["key"], sf.isnull(h["value"]), h["value"]))
     parts = [
         sf.isnull("key"),
         sf.col("key"),
         sf.isnull("value"),
         sf.col("value"),
-        sf.coalesce(sf.size("headers"), sf.lit(-1)),
+        sf.coalesce(sf.size(kept), sf.lit(-1)),
         headers,
         sf.unix_micros("timestamp"),
         sf.col("timestamp_type"),
