@@ -334,19 +334,6 @@ class AuditorConfig(_Model, frozen=True):
     that range again)."""
 
 
-#: Samplers by their ``OTEL_TRACES_SAMPLER`` names.
-TracesSampler = Literal[
-    "parentbased_traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "traceidratio",
-    "always_on",
-    "always_off",
-]
-#: Span exporters (``otlp-grpc`` and ``otlp-http`` are ``OTEL_TRACES_EXPORTER=otlp`` with its protocol).
-TracesExporter = Literal["otlp-grpc", "otlp-http", "zipkin", "console", "file"]
-
-
 class TracingConfig(_Model, frozen=True):
     """OpenTelemetry traces that follow each sampled record through both services.
 
@@ -359,7 +346,14 @@ class TracingConfig(_Model, frozen=True):
     enabled: bool = False
     """Trace sampled records and gRPC calls. Off: no span is created and replication is byte for
     byte. ``OTEL_TRACES_EXPORTER`` set to an exporter (not ``none``) turns it on."""
-    sampler: TracesSampler = "parentbased_traceidratio"
+    sampler: Literal[
+        "parentbased_traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "traceidratio",
+        "always_on",
+        "always_off",
+    ] = "parentbased_traceidratio"
     """Which records are traced. ``parentbased_*``: a source record whose ``traceparent`` header
     is sampled joins its trace, one marked unsampled is not traced, and records without one are
     traced at ``sampler_ratio`` (``*_always_on``: all, ``*_always_off``: none). Without
@@ -367,7 +361,7 @@ class TracingConfig(_Model, frozen=True):
     a ``traceparent`` still joins its trace. gRPC calls follow the same sampler."""
     sampler_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.01
     """Share of records (without sampled trace context) that start a trace (``OTEL_TRACES_SAMPLER_ARG``)."""
-    exporter: TracesExporter = "console"
+    exporter: Literal["otlp-grpc", "otlp-http", "zipkin", "console", "file"] = "console"
     """Where spans go: OTLP over gRPC or HTTP, Zipkin's JSON API, the console (stdout) or a file."""
     endpoint: str = ""
     """Exporter address; empty: its standard default (``http://localhost:4317`` for otlp-grpc,
