@@ -4,6 +4,9 @@
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
+The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-trace1,ferryman-trace100`` (metrics and
+tracing off; metrics on; metrics on and 1 % / 100 % of records traced; see ``bench/rows/ferryman_observed.py``).
+
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads one source topic, warms both brokers
 (``bench/warmup.py``), rehearses every row on a small topic of its own (a
@@ -71,7 +74,7 @@ from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
 from bench.results import RowResult, Throughput, Verdict
-from bench.rows import ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
+from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.topics import create_topics
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
@@ -178,7 +181,9 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument("--value-bytes", type=int, default=100, help="size of every value, keys are 8 bytes (%(default)s)")
     ap.add_argument("--partitions", type=int, default=8, help="partitions of the source topics (%(default)s)")
     ap.add_argument(
-        "--rows", help=f"comma-separated, from: {', '.join(ROWS)} (default: all; --smoke: {','.join(_SMOKE_ROWS)})"
+        "--rows",
+        help=f"comma-separated, from: {', '.join(ROWS)} (default: {','.join(DEFAULT_ROWS)}; --smoke: "
+        f"{','.join(_SMOKE_ROWS)})",
     )
     ap.add_argument("--wrapper-procs", type=int, default=1, help="ferryman: wrapper processes (%(default)s)")
     ap.add_argument("--deduper-procs", type=int, default=1, help="ferryman: deduper processes (%(default)s)")
@@ -244,7 +249,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         args.rounds = _SMOKE_ROUNDS if args.smoke else _DEFAULT_ROUNDS
     if args.rehearsal_records is None:
         args.rehearsal_records = min(_REHEARSAL_MAX_RECORDS, args.records // 5)
-    args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else ROWS)
+    args.rows = args.rows or ",".join(_SMOKE_ROWS if args.smoke else DEFAULT_ROWS)
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not args.latency_rate:
         # The goal is latency at half of Ferryman's maximum rate: measured as such whenever that row runs.

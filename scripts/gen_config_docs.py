@@ -31,6 +31,7 @@ SECTIONS = (
     ("wrapper", "WrapperConfig", ""),
     ("deduper", "DeduperConfig", ""),
     ("auditor", "AuditorConfig", ""),
+    ("tracing", "TracingConfig", ""),
     ("rpc", "RpcConfig", ""),
     ("rpc.tls", "TlsConfig", ""),
 )
@@ -39,7 +40,7 @@ HEADER = """# Configuration reference
 
 Generated from `clients/ferryman/config.py` by `python scripts/gen_config_docs.py` (CI fails when it is out of
 date): edit the models' docstrings, not this file. One YAML file (`--config` or `FERRYMAN_CONFIG`) holds these
-sections; any field of `wrapper`, `deduper`, `auditor` and `rpc` (and of a cluster, by its alias) can be set
+sections; any field of `wrapper`, `deduper`, `auditor`, `tracing` and `rpc` (and of a cluster, by its alias) can be set
 from the environment as `FERRYMAN_<SECTION>__<FIELD>`, e.g. `FERRYMAN_DEDUPER__INSTANCE_ID=d2`,
 `FERRYMAN_CLUSTERS__SOURCE__BOOTSTRAP_SERVERS=kafka-a:9092`. Without a file, the `KAFKA_CLUSTERS_*`
 variables describe a complete one-topic flow (README, "Install and run").
@@ -77,6 +78,8 @@ def _defaults(model: Any) -> dict[str, str]:
 def _show(value: object) -> str:
     if isinstance(value, msgspec.Struct):
         return "(see its section)"
+    if isinstance(value, Path):
+        return repr(str(value))
     return msgspec.json.encode(value).decode() if not isinstance(value, str) else repr(value)
 
 

@@ -623,3 +623,26 @@ def decode_columns(bytes payload):
             return None  # the row form, or a known field in an unexpected shape
         # else: an unknown length-delimited field, skipped as protobuf readers do
     return (base_offset, offsets, stamps, types, keys, null_keys, values, null_values, headers)
+
+
+def header_indexes(list messages):
+    """Indexes of the messages that have headers, in order: where the tracer looks for trace context.
+
+    One pass over the messages' fields, no Python object made for a message
+    without headers (the tracer's per-batch decision must cost close to
+    nothing for them). A message whose headers are not yet Python objects
+    counts as having some; a message that cannot be read directly is asked
+    through its accessor.
+    """
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(messages)
+    cdef KafkaMessage* c
+    cdef list out = []
+    for i in range(n):
+        m = <object>PyList_GET_ITEM(messages, i)
+        if _readable(m):
+            c = <KafkaMessage*><PyObject*>m
+            if c.c_headers != NULL or (c.headers != NULL and c.headers != <PyObject*>None and <object>c.headers):
+                out.append(i)
+        elif _headers(m):
+            out.append(i)
+    return out

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import grpc
+from opentelemetry.trace import TracerProvider
 
 from ferryman.config import RpcConfig
 from ferryman.rpc import RpcError, open_channel, rpc_error_from
@@ -111,17 +112,25 @@ class ServiceStatus:
 class FerrymanAdmin:
     """A client of one wrapper's or deduper's gRPC server; close() (or ``with``) releases its channel."""
 
-    def __init__(self, address: str, rpc: RpcConfig | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        rpc: RpcConfig | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
         """Open a channel to address (``host:port``); connecting happens on the first call.
 
         Args:
             address: the service's gRPC address.
             rpc: TLS and token settings (plaintext, no token by default).
             timeout_s: default deadline of each call, retries included.
+            tracer_provider: where CLIENT spans of the calls go (e.g. ``Tracing.provider``); None: no spans.
         """
         self.address = address
         self._timeout_s = timeout_s
-        self._channel = open_channel(address, rpc or RpcConfig())
+        self._channel = open_channel(address, rpc or RpcConfig(), tracer_provider=tracer_provider)
         self._wrapper = control_pb2_grpc.WrapperServiceStub(self._channel)
         self._deduper = control_pb2_grpc.DeduperServiceStub(self._channel)
 

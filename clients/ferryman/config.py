@@ -24,6 +24,7 @@ import yaml
 from msgspec import Meta, Struct, field
 
 from ferryman._config_env import apply_env_overrides
+from ferryman._config_otel import apply_otel_env
 from ferryman.errors import ConfigError
 
 #: Topics never replicated unless a flow names them explicitly: Kafka's own
@@ -380,6 +381,54 @@ class AuditorConfig(_Model, frozen=True):
     that range again)."""
 
 
+class TracingConfig(_Model, frozen=True):
+    """OpenTelemetry traces that follow each sampled record through both services.
+
+    The standard ``OTEL_*`` variables (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``,
+    ``OTEL_TRACES_EXPORTER``, ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``/``PROTOCOL``,
+    ``OTEL_EXPORTER_ZIPKIN_ENDPOINT``, ``OTEL_SERVICE_NAME``, ``OTEL_SDK_DISABLED``) override the
+    file; ``FERRYMAN_TRACING__*`` variables override both.
+    """
+
+    enabled: bool = False
+    """Trace sampled records and gRPC calls. Off: no span is created and replication is byte for
+    byte. ``OTEL_TRACES_EXPORTER`` set to an exporter (not ``none``) turns it on."""
+    sampler: Literal[
+        "parentbased_traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "traceidratio",
+        "always_on",
+        "always_off",
+    ] = "parentbased_traceidratio"
+    """Which records are traced. ``parentbased_*``: a source record whose ``traceparent`` header
+    is sampled joins its trace, one marked unsampled is not traced, and records without one are
+    traced at ``sampler_ratio`` (``*_always_on``: all, ``*_always_off``: none). Without
+    ``parentbased``, the ratio (or always on/off) decides for every record; a traced record with
+    a ``traceparent`` still joins its trace. gRPC calls follow the same sampler."""
+    sampler_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.01
+    """Share of records (without sampled trace context) that start a trace (``OTEL_TRACES_SAMPLER_ARG``)."""
+    exporter: Literal["otlp-grpc", "otlp-http", "zipkin", "console", "file"] = "console"
+    """Where spans go: OTLP over gRPC or HTTP, Zipkin's JSON API, the console (stdout) or a file."""
+    endpoint: str = ""
+    """Exporter address; empty: its standard default (``http://localhost:4317`` for otlp-grpc,
+    ``http://localhost:4318/v1/traces`` for otlp-http, ``http://localhost:9411/api/v2/spans`` for zipkin)."""
+    file_path: Path = Path("ferryman-spans.jsonl")
+    """File the ``file`` exporter appends spans to (one JSON object per line)."""
+    service_name: str = ""
+    """``service.name`` of the spans; empty: ``ferryman-wrapper`` / ``ferryman-deduper``."""
+    ui_url_template: str = "http://localhost:9411/zipkin/traces/{trace_id}"
+    """Link to a trace in the tracing UI (``ferryman trace`` prints it); ``{trace_id}`` is replaced."""
+    max_links: Annotated[int, Meta(ge=0, le=1000)] = 64
+    """Most links a transaction-commit or resend span keeps to the sampled records it carries."""
+    export_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
+    """Budget for flushing spans at shutdown (after the services' drain)."""
+
+    def __post_init__(self) -> None:
+        if "{trace_id}" not in self.ui_url_template:
+            raise _FieldError("ui_url_template", "ui_url_template must contain {trace_id}")
+
+
 class FerrymanConfig(_Model, frozen=True):
     """Everything a Ferryman service needs to run."""
 
@@ -395,6 +444,8 @@ class FerrymanConfig(_Model, frozen=True):
     """gRPC transport security and authentication."""
     auditor: AuditorConfig = field(default_factory=AuditorConfig)
     """Audit scheduler settings."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry tracing of records and gRPC calls."""
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flows]
@@ -491,6 +542,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Ferr
                 "no configuration: pass --config FILE (or set FERRYMAN_CONFIG), or set " + ", ".join(SEED_ENV)
             )
         data = seed
+    apply_otel_env(data, env)
     apply_env_overrides(data, env, FerrymanConfig)
     try:
         return parse_config(data)

@@ -14,7 +14,7 @@ import operator
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import google_crc32c
@@ -148,6 +148,8 @@ class DecodedEnvelope:
     wrapper_epoch: int
     wrapped_at_ms: int
     trace_context: dict[str, str]
+    record_traces: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Traced records: source offset -> (traceparent, tracestate) of the wrapper's span for it."""
 
     @property
     def first_offset(self) -> int:
@@ -472,7 +474,21 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
         wrapper_epoch=env.wrapper_epoch,
         wrapped_at_ms=env.wrapped_at_ms,
         trace_context=dict(env.trace_context),
+        record_traces={t.offset: (t.traceparent, t.tracestate) for t in env.record_traces} if env.record_traces else {},
     )
+
+
+def record_traces_suffix(traces: Iterable[tuple[int, str, str]]) -> bytes:
+    """Bytes that, appended to a serialized envelope, add these record traces (offset, traceparent, tracestate).
+
+    Protobuf merges a message parsed from concatenated serializations (repeated
+    fields append), so the wrapper adds the trace contexts of the sampled
+    records to an envelope the codec already built, compiled or not.
+    """
+    env = envelope_pb2.Envelope()
+    for offset, traceparent, tracestate in traces:
+        env.record_traces.add(offset=offset, traceparent=traceparent, tracestate=tracestate)
+    return env.SerializeToString()
 
 
 def headers_of(record: envelope_pb2.Record | envelope_pb2.RecordHeaders) -> list[tuple[str, bytes | None]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from ferryman.cli import _audit, _offsets, _status
+from ferryman.cli import _audit, _offsets, _status, _trace
 from ferryman.cli._common import EXIT_USAGE, fail
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.add_typer(_audit.group, name="audit")
 app.add_typer(_offsets.group, name="offsets")
 app.command("status")(_status.status)
 app.command("lag")(_status.lag)
+app.command("trace")(_trace.trace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
+from opentelemetry.trace import TracerProvider
 
 from ferryman.config import RpcConfig
 from ferryman.rpc._interceptors import client_interceptor
@@ -31,7 +32,13 @@ CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
 )
 
 
-def open_channel(address: str, rpc: RpcConfig, *, options: Sequence[tuple[str, int | str]] = ()) -> grpc.Channel:
+def open_channel(
+    address: str,
+    rpc: RpcConfig,
+    *,
+    options: Sequence[tuple[str, int | str]] = (),
+    tracer_provider: TracerProvider | None = None,
+) -> grpc.Channel:
     """A channel to address with the project's TLS, token and trace-context settings.
 
     TLS when ``rpc.tls`` has material (client certificate for mutual TLS when
@@ -44,6 +51,7 @@ def open_channel(address: str, rpc: RpcConfig, *, options: Sequence[tuple[str, i
         address: ``host:port`` (any gRPC target).
         rpc: Shared gRPC settings.
         options: Extra gRPC channel options; they win over the defaults.
+        tracer_provider: Where the calls' CLIENT spans go; None: no client spans (context still propagated).
 
     Raises:
         ConfigError: TLS files are missing or unreadable.
@@ -58,4 +66,4 @@ def open_channel(address: str, rpc: RpcConfig, *, options: Sequence[tuple[str, i
         channel = grpc.secure_channel(address, channel_credentials(rpc.tls), options=opts)
     else:
         channel = grpc.insecure_channel(address, options=opts)
-    return grpc.intercept_channel(channel, client_interceptor(rpc))
+    return grpc.intercept_channel(channel, client_interceptor(rpc, tracer_provider))

@@ -472,12 +472,16 @@ class ClientMetadataInterceptor(
 ):
     """Adds the bearer token (if any) and the current W3C trace context to every call.
 
+    With a tracer provider, each call also runs under a CLIENT span (``<service>/<method>``,
+    ``rpc.*`` attributes, ended when the call ends), whose context the server's span continues.
+
     Metadata rather than ``grpc.access_token_call_credentials``: gRPC refuses
     call credentials on insecure channels, and the token must work on both.
     """
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, tracer_provider: TracerProvider | None = None) -> None:
         self._authorization = f"Bearer {token}" if token else None
+        self._tracer = trace.get_tracer("ferryman.rpc", tracer_provider=tracer_provider) if tracer_provider else None
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         metadata: list[tuple[str, str | bytes]] = list(details.metadata or ())
@@ -488,32 +492,65 @@ class ClientMetadataInterceptor(
         metadata.extend(carrier.items())
         return _CallDetails(details, tuple(metadata))
 
+    def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any, *, unary: bool) -> Any:
+        """The call, under a CLIENT span when a tracer provider was given (its context goes in the metadata)."""
+        if self._tracer is None:
+            return continuation(self._details(details), request)
+        method = details.method.decode() if isinstance(details.method, bytes) else str(details.method)
+        service, _, name = method.lstrip("/").rpartition("/")
+        span = self._tracer.start_span(
+            f"{service}/{name}",
+            kind=SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        )
+        with trace.use_span(span, end_on_exit=False):
+            try:
+                outcome = continuation(self._details(details), request)
+            except BaseException as exc:
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                span.end()
+                raise
+        if unary:  # a blocking unary call has completed: its outcome holds the code
+            _end_client_span(span, outcome.code())
+        elif hasattr(outcome, "add_callback"):
+            outcome.add_callback(lambda: _end_client_span(span, outcome.code()))
+        else:
+            span.end()
+        return outcome
+
     def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
     ) -> Any:
         """Unary call."""
-        return continuation(self._details(client_call_details), request)
+        return self._call(continuation, client_call_details, request, unary=True)
 
     def intercept_unary_stream(
         self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
     ) -> Any:
         """Server-streaming call."""
-        return continuation(self._details(client_call_details), request)
+        return self._call(continuation, client_call_details, request, unary=False)
 
     def intercept_stream_unary(
         self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
     ) -> Any:
         """Client-streaming call."""
-        return continuation(self._details(client_call_details), request_iterator)
+        return self._call(continuation, client_call_details, request_iterator, unary=False)
 
     def intercept_stream_stream(
         self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
     ) -> Any:
         """Bidirectional call."""
-        return continuation(self._details(client_call_details), request_iterator)
+        return self._call(continuation, client_call_details, request_iterator, unary=False)
 
 
-def client_interceptor(rpc: RpcConfig) -> ClientMetadataInterceptor:
-    """The interceptor every Ferryman channel uses."""
+def _end_client_span(span: Span, code: grpc.StatusCode | None) -> None:
+    span.set_attribute("rpc.grpc.status_code", code.value[0] if code is not None else 0)
+    if code is not None and code is not grpc.StatusCode.OK:
+        span.set_status(Status(StatusCode.ERROR, code.name))
+    span.end()
+
+
+def client_interceptor(rpc: RpcConfig, tracer_provider: TracerProvider | None = None) -> ClientMetadataInterceptor:
+    """The interceptor every Ferryman channel uses (CLIENT spans too when tracer_provider is given)."""
     token = rpc.auth_token.get_secret_value() if rpc.auth_token is not None else None
-    return ClientMetadataInterceptor(token)
+    return ClientMetadataInterceptor(token, tracer_provider)

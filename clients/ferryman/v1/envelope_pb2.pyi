@@ -346,6 +346,7 @@ class Envelope(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     RECORDS_CRC32C_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    RECORD_TRACES_FIELD_NUMBER: _builtins.int
     previous_offset: _builtins.int
     """Offset of the record delivered just before this run from the same source
     partition, or -1 when the run starts at the beginning of the partition.
@@ -386,8 +387,17 @@ class Envelope(_message.Message):
 
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """W3C trace context of the wrapper span that wrote the envelope
-        (traceparent, tracestate); empty when tracing is off.
+        """W3C trace context of the envelope as a whole (traceparent, tracestate).
+        Wrappers leave it empty: each traced record's context travels in
+        record_traces instead.
+        """
+
+    @_builtins.property
+    def record_traces(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordTrace]:
+        """Trace context of the sampled records of the batch, by source offset;
+        empty when tracing is off or no record of the batch is sampled. Outside
+        the records bytes (and their checksum) so that wrappers append it to an
+        envelope already built: repeated fields of two serialized messages merge.
         """
 
     def __init__(
@@ -404,13 +414,46 @@ class Envelope(_message.Message):
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         records_crc32c: _builtins.int | None = ...,
         schema_version: _builtins.int = ...,
+        record_traces: _abc.Iterable[Global___RecordTrace] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "records_crc32c", b"records_crc32c", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "previous_offset", b"previous_offset", "record_count", b"record_count", "records", b"records", "records_crc32", b"records_crc32", "records_crc32c", b"records_crc32c", "schema_version", b"schema_version", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c", "previous_offset", b"previous_offset", "record_count", b"record_count", "record_traces", b"record_traces", "records", b"records", "records_crc32", b"records_crc32", "records_crc32c", b"records_crc32c", "schema_version", b"schema_version", "source", b"source", "trace_context", b"trace_context", "wrapped_at_ms", b"wrapped_at_ms", "wrapper_epoch", b"wrapper_epoch", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__records_crc32c: _TypeAlias = _typing.Literal["records_crc32c"]  # noqa: Y015
     _WhichOneofArgType__records_crc32c: _TypeAlias = _typing.Literal["_records_crc32c", b"_records_crc32c"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__records_crc32c) -> _WhichOneofReturnType__records_crc32c | None: ...
 
 Global___Envelope: _TypeAlias = Envelope  # noqa: Y015
+
+@_typing.final
+class RecordTrace(_message.Message):
+    """RecordTrace is the W3C trace context of the wrapper span of one sampled
+    record, which the deduper's span for that record continues.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Source offset of the record (one of the envelope's records)."""
+    traceparent: _builtins.str
+    """W3C traceparent of the wrapper's span for the record."""
+    tracestate: _builtins.str
+    """W3C tracestate carried over from the source record, if any."""
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordTrace: _TypeAlias = RecordTrace  # noqa: Y015

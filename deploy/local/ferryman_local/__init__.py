@@ -24,12 +24,14 @@ from ferryman_local._errors import (
     JarResolutionError,
     PrometheusStartError,
     ToolMissingError,
+    ZipkinStartError,
 )
 from ferryman_local._maven import KAFKA_VERSION, cache_dir, ensure_kafka_jars
 from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication_properties
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
 from ferryman_local._prometheus import LocalPrometheus
+from ferryman_local._zipkin import LocalZipkin, ensure_zipkin_jar
 
 __all__ = [
     "JVM_OPTIONS",
@@ -42,12 +44,15 @@ __all__ = [
     "JarResolutionError",
     "LocalCluster",
     "LocalPrometheus",
+    "LocalZipkin",
     "MultiNodeCluster",
     "PrometheusStartError",
     "ToolMissingError",
+    "ZipkinStartError",
     "cache_dir",
     "coordinator_partition",
     "ensure_kafka_jars",
+    "ensure_zipkin_jar",
     "forget",
     "group_coordinator",
     "java_string_hash",

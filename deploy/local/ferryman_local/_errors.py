@@ -36,3 +36,10 @@ class PrometheusStartError(HarnessError):
 
     The message ends with the tail of its log.
     """
+
+
+class ZipkinStartError(HarnessError):
+    """A local Zipkin server exited at start or did not become ready in time.
+
+    The message ends with the tail of its log.
+    """

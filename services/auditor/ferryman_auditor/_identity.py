@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from ferryman.tracing import TRACEPARENT
 
 Int64s = npt.NDArray[np.int64]
 
@@ -82,7 +83,7 @@ def _header_codes(column: pa.ChunkedArray | pa.Array) -> Int64s:
     if lists.null_count == n:
         return np.zeros(n, dtype=np.int64)
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), -1).to_numpy(zero_copy_only=False), np.int64)
-    flat = pc.list_flatten(lists)
+    flat, lengths = _without_traceparent(lists, lengths)
     if len(flat):
         pairs = (_codes(pc.struct_field(flat, [0])) << 32) | _codes(pc.struct_field(flat, [1]))
     else:
@@ -94,3 +95,28 @@ def _header_codes(column: pa.ChunkedArray | pa.Array) -> Int64s:
     runs = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(pairs.tobytes())])
     # Code 0: no headers at all (null); an empty list is the empty byte string, a code of its own.
     return np.where(lengths < 0, 0, _codes(runs) + 1)
+
+
+def _without_traceparent(lists: pa.Array, lengths: Int64s) -> tuple[pa.Array, Int64s]:
+    """The flattened headers without ``traceparent``, and each record's header count after that.
+
+    On traced records Ferryman sets ``traceparent`` at the destination (replaced in place, or appended
+    when the source record had none; README, "Operations: tracing"), so a traced copy is not an altered
+    one: the header is left out on both sides. A record whose only header was that one counts as a record
+    without headers (-1, as null).
+    """
+    flat = pc.list_flatten(lists)
+    if not len(flat):
+        return flat, lengths
+    keys = pc.struct_field(flat, [0])
+    traceparent = TRACEPARENT.encode() if pa.types.is_binary(keys.type) else TRACEPARENT
+    keep = np.asarray(
+        pc.fill_null(pc.not_equal(keys, pa.scalar(traceparent, type=keys.type)), True).to_numpy(zero_copy_only=False),
+        dtype=bool,
+    )
+    if keep.all():
+        return flat, lengths
+    parents = np.asarray(pc.list_parent_indices(lists).to_numpy(zero_copy_only=False), dtype=np.int64)
+    counts = np.bincount(parents[keep], minlength=len(lengths)).astype(np.int64)
+    kept_lengths = np.where((lengths < 0) | ((counts == 0) & (lengths > 0)), -1, counts)
+    return flat.filter(pa.array(keep)), kept_lengths

@@ -27,6 +27,7 @@ from ferryman_deduper._decide import PartitionState, Verdict, decide
 from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import Filled, GapTracker
 from ferryman_deduper._partitions import StagingPartitions
+from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Slice, Transaction
 
 _log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class DataPath:
         stats: DeduperStats,
         recovering: Callable[[], bool],
         dead_letters: quarantine.Quarantine,
+        traces: DeduperTraces | None = None,
     ) -> None:
         self._flow = flow
         self._names = names
@@ -77,6 +79,9 @@ class DataPath:
         self._acknowledged: dict[PartitionKey, list[AcknowledgedLoss]] = {}
         for loss in flow.acknowledged_losses:
             self._acknowledged.setdefault(PartitionKey(loss.topic, loss.partition), []).append(loss)
+        #: Record spans (None: tracing off); the staging record being applied, for their attributes.
+        self.traces = traces
+        self._staging_at: tuple[int, int | None] = (-1, None)
 
     def process(self, msg: Message) -> None:
         """One consumed staging record: decode, decide, write (inside the open transaction)."""
@@ -102,6 +107,7 @@ class DataPath:
             self._quarantine.put(self._txn.producer, msg, rejected)
             return
         self._quarantine.good(sp)
+        self._staging_at = (sp, offset)
         self._apply(PartitionKey(env.source.topic, env.source.partition), env, resent=False)
 
     def process_resent(self, env_msg: envelope_pb2.Envelope) -> None:
@@ -117,6 +123,7 @@ class DataPath:
         if sp not in self._parts.owned or self._recovering():
             return  # another deduper owns it now, or we are rewinding; it will be asked for again
         self._txn.begin()
+        self._staging_at = (sp, None)
         self._apply(key, env, resent=True)
 
     def _apply(self, key: PartitionKey, env: envelope.DecodedEnvelope, *, resent: bool) -> None:
@@ -141,7 +148,7 @@ class DataPath:
             self._parts.cluster_ids[key] = src.cluster_id
         verdict = d.verdict
         if verdict is Verdict.ACCEPT:
-            self._write(key, src, env.run, d.start)
+            self._write(key, src, env.run, d.start, env)
             assert d.new_state is not None  # an ACCEPT always moves the watermark
             self._fill_gap(key, d.new_state.watermark, resent=resent)
         elif verdict is Verdict.DUPLICATE:
@@ -216,13 +223,28 @@ class DataPath:
                 "; asking the wrapper to resend them",
             )
 
-    def _write(self, key: PartitionKey, src: envelope_pb2.SourcePartition, run: envelope.RecordRun, start: int) -> None:
-        """Produce run[start:] to the destination, on the source's partition number, byte for byte."""
+    def _write(
+        self,
+        key: PartitionKey,
+        src: envelope_pb2.SourcePartition,
+        run: envelope.RecordRun,
+        start: int,
+        env: envelope.DecodedEnvelope,
+    ) -> None:
+        """Produce run[start:] to the destination, on the source's partition number, byte for byte.
+
+        Traced records (tracing on, and named by env.record_traces) also carry a ``traceparent`` (``_traces``).
+        """
         dest = self._destinations.resolve(src)
         self._parts.dest_topics[key] = dest
         partition = src.partition
         count = len(run) - start
         headers = run.header_column()
+        if self.traces is not None and env.record_traces:
+            sp, staging_offset = self._staging_at
+            headers = self.traces.written(
+                env, start, destination=dest, staging_partition=sp, staging_offset=staging_offset, headers=headers
+            )
         columns: list[Sequence[Any]] = [run.values, run.keys, run.timestamps_ms]
         if headers is not None:
             columns.append(headers)

@@ -47,6 +47,7 @@ from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.status import package_version
 from ferryman.topics import InternalTopic
+from ferryman.tracing import start_tracing
 from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 
 from ferryman_deduper._advertise import Advertiser
@@ -56,6 +57,7 @@ from ferryman_deduper._destinations import DestinationTopics
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._quarantine import DLQ_HEADER_ROOM_BYTES, Quarantine
+from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
 
@@ -139,6 +141,8 @@ class Deduper:
         self._recovery: tuple[BaseException, str] | None = None
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
         self._health_dirty = False
+        #: Record and gRPC tracing; None when tracing is off.
+        self._tracing = start_tracing(config.tracing, "ferryman-deduper")
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -265,8 +269,15 @@ class Deduper:
         The gRPC server starts first (health NOT_SERVING until the Kafka side
         is up). Drain order on shutdown: health NOT_SERVING, stop consuming,
         commit (or abort) the open transaction, close the Kafka clients, stop
-        the gRPC server.
+        the gRPC server, flush traces.
         """
+        try:
+            self._serve()
+        finally:
+            if self._tracing is not None:
+                self._tracing.shutdown()
+
+    def _serve(self) -> None:
         self._hub = ControlHub(self.instance_id, self._flow.name)
         with serving(
             "deduper",
@@ -279,6 +290,7 @@ class Deduper:
                 ),
             ],
             service_names=_SERVICE_NAMES,
+            tracer_provider=self._tracing.provider if self._tracing is not None else None,
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
             exporter = deduper_metrics(self._dc.metrics_address, self.status)
@@ -333,6 +345,11 @@ class Deduper:
             stats=self.stats,
             recovering=lambda: self._recovery is not None,
             dead_letters=self._quarantine,
+            traces=None
+            if self._tracing is None
+            else DeduperTraces(
+                self._tracing, staging_topic=self._names.staging_topic, consumer_group=self._names.deduper_group
+            ),
         )
         self._control = ControlTicker(
             hub=self._hub,
@@ -505,6 +522,8 @@ class Deduper:
     def _rewind(self) -> None:
         """Drop the open transaction's work and resume owned partitions from their last commit."""
         self.stats.rewinds += 1
+        if self._data.traces is not None:
+            self._data.traces.aborted("rewound to the last commit")
         self._txn.clear()
         self._gaps.clear()
         self._parts.rewind()
@@ -534,6 +553,7 @@ class Deduper:
         """Commit the open transaction; a failure goes to recovery (the loop's, with backoff)."""
         if not self._txn.open:
             return True
+        started_ns, records = time.time_ns(), self._txn.records
         try:
             committed = self._txn.commit(
                 staging_topic=self._names.staging_topic,
@@ -552,6 +572,8 @@ class Deduper:
             self._health_dirty = True
             return False
         self._parts.committed.update(committed)
+        if self._data.traces is not None:
+            self._data.traces.committed(records, started_ns)
         return True
 
     def _commit_for_revoke(self, lost: bool) -> None:
@@ -628,5 +650,7 @@ class Deduper:
         self._destinations.close()
         self._parts.close()
         self._txn.abort_quietly()
+        if self._data.traces is not None:
+            self._data.traces.aborted("aborted at shutdown")
         self._txn.close()
         _log.info("deduper %s stopped: %s, %s", self.instance_id, self.stats, self._txn.stats)

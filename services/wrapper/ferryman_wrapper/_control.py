@@ -31,9 +31,13 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ferryman.config import RpcConfig
 from ferryman.errors import FerrymanError
 from ferryman.rpc import open_channel, rpc_error_from
+from ferryman.tracing import RecordSampler, Tracing, capped_links, kafka_attributes
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from ferryman_wrapper._envelopes import build_envelopes
+from ferryman_wrapper._traces import RunTraces, WrapperTraces
 
 _log = logging.getLogger(__name__)
 
@@ -87,9 +91,12 @@ class ControlLink:
         on_backpressure: Callable[[bool, str], None],
         on_resend: Callable[[control_pb2.ResendRequest, ControlLink], None],
         on_watermarks: Callable[[control_pb2.Watermarks], None],
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.address = address
         self._rpc = rpc
+        #: CLIENT spans of the Connect streams (one per stream, the deduper's SERVER span under it).
+        self._tracer_provider = tracer_provider
         self._hello = hello
         self._specs = specs
         self._on_backpressure = on_backpressure
@@ -149,7 +156,7 @@ class ControlLink:
         backoff = _BACKOFF_INITIAL_S
         while not self._stop.is_set():
             try:
-                channel = open_channel(self.address, self._rpc)
+                channel = open_channel(self.address, self._rpc, tracer_provider=self._tracer_provider)
             except Exception:
                 _log.exception("cannot open a channel to %s", self.address)
                 self._stop.wait(backoff)
@@ -228,6 +235,8 @@ class ResendWorker:
         max_bytes: int,
         read_budget_s: float,
         topic_id: Callable[[str], bytes | None],
+        tracing: Tracing | None = None,
+        consumer_group: str = "",
     ) -> None:
         """Create the worker (not started).
 
@@ -238,7 +247,16 @@ class ResendWorker:
             max_bytes: bytes per envelope at most.
             read_budget_s: budget for reading one requested range back from the source.
             topic_id: the current topic id of a source topic, None if unknown.
+            tracing: the process's tracing (None: off); resent traced records get spans of their own,
+                and each answer a ``ferryman resend`` span linked to them.
+            consumer_group: the wrapper group, an attribute of the record spans.
         """
+        self._tracing = tracing
+        self._traces = (
+            WrapperTraces(tracing, consumer_group=consumer_group, sampler=RecordSampler.of(tracing.config))
+            if tracing is not None
+            else None
+        )
         self._consumer_config = consumer_config
         self._topic_id = topic_id
         self._wrapper_id = wrapper_id
@@ -302,8 +320,11 @@ class ResendWorker:
             _log.warning("resend request %d: %s", request.request_id, exc)  # the deduper reports the loss
             self._send(link, request.request_id, [], done=True, deleted_before=exc.log_start, error=str(exc))
             return
+        traced = self._traces.start(src.topic, src.partition, messages) if self._traces and messages else None
+        resend_span = self._resend_span(request, traced) if traced is not None else None
         chunk: list[envelope_pb2.Envelope] = []
         size = 0
+        prev = request.from_offset - 1
         # The consumer started at from_offset, so no record lies between
         # from_offset - 1 and the first one read: that is the chain link.
         for built in build_envelopes(
@@ -318,9 +339,37 @@ class ResendWorker:
             if chunk and size + len(built.value) > RESEND_CHUNK_BYTES:
                 self._send(link, request.request_id, chunk, done=False)
                 chunk, size = [], 0
-            chunk.append(envelope_pb2.Envelope.FromString(built.value))
+            value = built.value if traced is None else built.value + traced.suffix(prev, built.last_offset)
+            prev = built.last_offset
+            chunk.append(envelope_pb2.Envelope.FromString(value))
             size += len(built.value)
         self._send(link, request.request_id, chunk, done=True)
+        if traced is not None:
+            traced.end()
+        if resend_span is not None:
+            resend_span.end()
+
+    def _resend_span(self, request: control_pb2.ResendRequest, traced: RunTraces) -> Span:
+        """A ``ferryman resend`` span for one answer, linked to (at most max_links of) its traced records."""
+        assert self._tracing is not None
+        src = request.source
+        spans = [span for _, span, _ in traced.spans]
+        attributes = kafka_attributes("publish", src.topic, src.partition)
+        attributes.update(
+            {
+                "ferryman.resend.request_id": request.request_id,
+                "ferryman.resend.from_offset": request.from_offset,
+                "ferryman.resend.to_offset": request.to_offset,
+                "ferryman.traced_records": len(spans),
+            }
+        )
+        return self._tracing.records.start_span(
+            "ferryman resend",
+            context=Context(),
+            kind=SpanKind.PRODUCER,
+            links=capped_links(spans, self._tracing.config.max_links),
+            attributes=attributes,
+        )
 
     def _send(
         self,

@@ -49,6 +49,7 @@ from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
 from ferryman.status import package_version
 from ferryman.topics import InternalTopic
+from ferryman.tracing import start_tracing
 from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 from ferryman.watchdog import close_or_park, park
 
@@ -58,6 +59,7 @@ from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendW
 from ferryman_wrapper._discovery import DeduperDiscovery
 from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
 from ferryman_wrapper._specs import SourceView, SpecPublisher
+from ferryman_wrapper._traces import WrapperTraces
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +151,11 @@ class Wrapper:
         self.rewinds = 0
         self.producer_rebuilds = 0
         self.consumer_rebuilds = 0
+        #: Record and gRPC tracing; None when tracing is off (the data path then makes no trace decision at all).
+        self._tracing = start_tracing(config.tracing, "ferryman-wrapper")
+        self._traces = (
+            None if self._tracing is None else WrapperTraces(self._tracing, consumer_group=self._names.wrapper_group)
+        )
 
     # ------------------------------------------------------------------ setup
     def _make_producer(self) -> Producer:
@@ -234,8 +241,15 @@ class Wrapper:
         The gRPC server starts first (health NOT_SERVING until the Kafka side
         is up). Drain order on shutdown: health NOT_SERVING, stop consuming,
         flush staging writes and commit what was acknowledged, close the
-        control links, stop the gRPC server.
+        control links, stop the gRPC server, flush traces.
         """
+        try:
+            self._serve()
+        finally:
+            if self._tracing is not None:
+                self._tracing.shutdown()
+
+    def _serve(self) -> None:
         with serving(
             "wrapper",
             listen_address=self._listen_address,
@@ -244,6 +258,7 @@ class Wrapper:
                 lambda s: control_pb2_grpc.add_WrapperServiceServicer_to_server(WrapperStatusServicer(self.status), s)
             ],
             service_names=[_SERVICE_NAME],
+            tracer_provider=self._tracing.provider if self._tracing is not None else None,
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
             link = bool(self._wc.deduper_addresses) or self._wc.discover_dedupers  # listed or discovered
@@ -541,6 +556,8 @@ class Wrapper:
             max_records=self._wc.envelope_max_records,
             max_bytes=self._wc.envelope_max_bytes,
             read_budget_s=RESEND_READ_BUDGET_S,
+            tracing=self._tracing,
+            consumer_group=self._names.wrapper_group,
             topic_id=lambda t: spec.topic_id if (spec := self._specs.published.get(t)) is not None else None,
         )
         self._resender.start()
@@ -567,6 +584,7 @@ class Wrapper:
             on_backpressure=self._on_backpressure,
             on_resend=self._resender.submit,
             on_watermarks=self._on_watermarks,
+            tracer_provider=self._tracing.provider if self._tracing is not None else None,
         )
 
     def _hello(self) -> control_pb2.Hello:
@@ -685,6 +703,8 @@ class Wrapper:
     def _send_run(self, key: PartitionKey, run: list[Message]) -> None:
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
         produce = self._producer.produce
+        traced = self._traces.start(key.topic, key.partition, run) if self._traces is not None else None
+        prev = self._parts.chain[key]
         for built in build_envelopes(
             run,
             self._parts.sources[key],
@@ -696,6 +716,8 @@ class Wrapper:
         ):
             last = built.last_offset
             epoch = self._parts.epoch[key]
+            value = built.value if traced is None else built.value + traced.suffix(prev, last)
+            prev = last
 
             def on_delivery(
                 err: KafkaError | None, _msg: Message, key: PartitionKey = key, last: int = last, epoch: int = epoch
@@ -713,7 +735,7 @@ class Wrapper:
                 try:
                     produce(
                         self._names.staging_topic,
-                        value=built.value,
+                        value=value,
                         key=self._parts.staging_keys[key],
                         partition=sp,
                         on_delivery=on_delivery,
@@ -726,6 +748,8 @@ class Wrapper:
             self._parts.chain[key] = last
             self.records_sent += built.record_count
             self.envelopes_sent += 1
+        if traced is not None:
+            traced.end()
 
     def _on_consume_error(self, msg: Message, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:

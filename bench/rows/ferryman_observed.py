@@ -1,0 +1,59 @@
+"""Rows ``ferryman-bare``, ``ferryman-trace1``, ``ferryman-trace100``: the cost of metrics and tracing.
+
+The same pair as row ``ferryman`` (which runs with metrics on and tracing off), with:
+
+* ``ferryman-bare``: metrics endpoints off, tracing off: the baseline;
+* ``ferryman-trace1``: metrics on, 1 % of records traced (the default sampler's ratio);
+* ``ferryman-trace100``: metrics on, every record traced.
+
+Spans go to a file in the row's work directory (the ``file`` exporter: a real export
+pipeline without a backend to run beside the bench). The bench's records carry no
+headers, so every traced record starts a trace of its own at the wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.rows.ferryman import FerrymanRow
+
+
+class FerrymanBareRow(FerrymanRow):
+    """Metrics off, tracing off."""
+
+    name = "ferryman-bare"
+
+    def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
+        config = super()._config(deduper_addresses)
+        config["wrapper"]["metrics_address"] = ""
+        config["deduper"]["metrics_address"] = ""
+        return config
+
+
+class FerrymanTracedRow(FerrymanRow):
+    """Metrics on, a share of records traced (``ratio``)."""
+
+    name = "ferryman-trace1"
+    ratio = 0.01
+
+    def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
+        config = super()._config(deduper_addresses)
+        config["tracing"] = {
+            "enabled": True,
+            "sampler": "parentbased_traceidratio",
+            "sampler_ratio": self.ratio,
+            "exporter": "file",
+            "file_path": str(self.ctx.work_dir / "spans.jsonl"),
+        }
+        return config
+
+    def settings(self) -> dict[str, object]:
+        """The pair's settings and the tracing ratio."""
+        return {**super().settings(), "tracing_ratio": self.ratio, "tracing_exporter": "file"}
+
+
+class FerrymanTracedAllRow(FerrymanTracedRow):
+    """Metrics on, every record traced."""
+
+    name = "ferryman-trace100"
+    ratio = 1.0

@@ -1,0 +1,136 @@
+"""The tracer providers of a service process, set up explicitly from the ``tracing`` section.
+
+Two providers share the configured exporter (one export pipeline each):
+
+* ``records`` samples every span it is asked for: record spans are created
+  only for records the `RecordSampler` already chose, so the SDK must not
+  decide a second time (a ratio applied twice would trace ratio² of them);
+* ``provider`` applies the configured sampler, for gRPC calls and anything
+  else that starts spans without a record behind it.
+
+Nothing is installed globally: the services pass these providers to the code
+that makes spans (the data paths, the gRPC interceptors).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Tracer
+
+from ferryman.config import TracingConfig
+from ferryman.errors import ConfigError
+from ferryman.tracing._sampling import RecordSampler
+
+_log = logging.getLogger(__name__)
+
+#: Instrumentation scope of Ferryman's own spans.
+SCOPE = "ferryman"
+
+
+def otel_sampler(config: TracingConfig) -> Sampler:
+    """The SDK sampler the configuration names (for spans without a record behind them)."""
+    rule = config.sampler.removeprefix("parentbased_")
+    root: Sampler = (
+        ALWAYS_ON
+        if rule == "always_on"
+        else ALWAYS_OFF
+        if rule == "always_off"
+        else TraceIdRatioBased(config.sampler_ratio)
+    )
+    return ParentBased(root) if config.sampler.startswith("parentbased_") else root
+
+
+def _exporter(config: TracingConfig) -> SpanExporter:
+    """A new exporter of the configured kind (its packages are imported only when chosen)."""
+    endpoint = config.endpoint or None
+    if config.exporter == "otlp-grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter  # noqa: PLC0415 (only the chosen exporter is imported)
+
+        insecure = endpoint is not None and endpoint.startswith("http://")
+        return GrpcExporter(endpoint=endpoint, insecure=insecure or None)
+    if config.exporter == "otlp-http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter  # noqa: PLC0415 (only the chosen exporter is imported)
+
+        return HttpExporter(endpoint=endpoint)
+    if config.exporter == "zipkin":
+        from opentelemetry.exporter.zipkin.json import ZipkinExporter  # noqa: PLC0415 (only the chosen exporter is imported)
+
+        return ZipkinExporter(endpoint=endpoint)
+    if config.exporter == "file":
+        try:
+            out: IO[str] = config.file_path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"tracing.file_path: cannot open {config.file_path}: {exc}") from exc
+        one_line: Callable[[ReadableSpan], str] = lambda span: span.to_json(indent=None) + "\n"  # noqa: E731
+        return ConsoleSpanExporter(out=out, formatter=one_line)
+    return ConsoleSpanExporter()
+
+
+@dataclass(frozen=True)
+class Tracing:
+    """A service's tracing: the record sampler and tracers, the providers to pass on, and shutdown."""
+
+    config: TracingConfig
+    sampler: RecordSampler
+    """Decides which records are traced (the data path's thread only)."""
+    records: Tracer
+    """Tracer of record spans (samples whatever ``sampler`` chose)."""
+    provider: TracerProvider
+    """Provider applying the configured sampler: gRPC interceptors and other spans."""
+    record_provider: TracerProvider
+
+    @property
+    def tracer(self) -> Tracer:
+        """Tracer of non-record spans (configured sampler)."""
+        return self.provider.get_tracer(SCOPE)
+
+    def shutdown(self) -> None:
+        """Export what is buffered (within ``export_timeout_s`` each) and stop; idempotent."""
+        timeout_ms = int(self.config.export_timeout_s * 1000)
+        for provider in (self.record_provider, self.provider):
+            if not provider.force_flush(timeout_ms):
+                _log.warning("tracing: spans not all exported within %.1f s", self.config.export_timeout_s)
+            provider.shutdown()
+
+
+def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing | None:
+    """The service's tracing, or None when ``tracing.enabled`` is false (nothing is set up then).
+
+    Raises:
+        ConfigError: the exporter cannot be created (an unwritable file).
+    """
+    if not config.enabled:
+        return None
+    resource = Resource.create({"service.name": config.service_name or default_service_name})
+    record_provider = TracerProvider(sampler=ALWAYS_ON, resource=resource)
+    record_provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
+    provider = TracerProvider(sampler=otel_sampler(config), resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
+    _log.info(
+        "tracing on: sampler %s (ratio %g), exporter %s%s",
+        config.sampler,
+        config.sampler_ratio,
+        config.exporter,
+        f" to {config.endpoint}" if config.endpoint else "",
+    )
+    return Tracing(
+        config=config,
+        sampler=RecordSampler.of(config),
+        records=record_provider.get_tracer(SCOPE),
+        provider=provider,
+        record_provider=record_provider,
+    )
