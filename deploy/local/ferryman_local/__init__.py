@@ -7,10 +7,12 @@ does the same from a shell. ``MultiNodeCluster.start(name, nodes=3)`` starts one
 cluster of several nodes whose nodes can be killed and restarted one at a time;
 ``transaction_coordinator`` and ``group_coordinator`` name the node to take away.
 ``LocalPrometheus.start(dir, jobs)`` runs a Prometheus server scraping Ferryman processes.
+``Toxiproxy.start(dir)`` runs toxiproxy (built once with ``go install``) to cut, delay or slow links;
+``MultiNodeCluster.start(..., proxied=True)`` gives brokers a listener advertised at the proxies' ports.
 """
 
 from ferryman_local._broker import JVM_OPTIONS
-from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
+from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, ProxiedListener, start_clusters
 from ferryman_local._coordinators import (
     coordinator_partition,
     group_coordinator,
@@ -30,11 +32,13 @@ from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
 from ferryman_local._prometheus import LocalPrometheus
+from ferryman_local._toxiproxy import TOXIPROXY_VERSION, Proxy, Toxiproxy, ToxiproxyError, ensure_toxiproxy
 
 __all__ = [
     "JVM_OPTIONS",
     "KAFKA_VERSION",
     "SINGLE_NODE_PROPERTIES",
+    "TOXIPROXY_VERSION",
     "ClusterNode",
     "ClusterStartError",
     "CoordinatorNotFoundError",
@@ -44,10 +48,15 @@ __all__ = [
     "LocalPrometheus",
     "MultiNodeCluster",
     "PrometheusStartError",
+    "ProxiedListener",
+    "Proxy",
     "ToolMissingError",
+    "Toxiproxy",
+    "ToxiproxyError",
     "cache_dir",
     "coordinator_partition",
     "ensure_kafka_jars",
+    "ensure_toxiproxy",
     "forget",
     "group_coordinator",
     "java_string_hash",
