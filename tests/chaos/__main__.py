@@ -1,0 +1,41 @@
+"""``python -m tests.chaos [--long] [--seed N] [--out DIR]``: one chaos run, its report, exit 1 unless clean."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.chaos.runner import ChaosRun
+from tests.chaos.schedule import CI, LONG, counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--long", action="store_true", help="the long schedule (>= 1 M records, 200 faults)")
+    parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: the time)")
+    parser.add_argument("--out", type=Path, default=None, help="where the report and the logs go")
+    parser.add_argument("--plan", action="store_true", help="print the schedule and exit")
+    args = parser.parse_args(argv)
+    profile = LONG if args.long else CI
+    seed = args.seed if args.seed is not None else int(time.time())
+    out = args.out or Path(tempfile.mkdtemp(prefix=f"ferryman-chaos-{seed}-"))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run = ChaosRun(seed, profile, out)
+    if args.plan:
+        for f in run.schedule:
+            print(f.to_json())
+        print(counts(run.schedule))
+        return 0
+    report = run.run()
+    js, txt = report.write(out)
+    print(report.summary())
+    print(f"report: {js} and {txt}; logs under {out}")
+    return 0 if report.clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
