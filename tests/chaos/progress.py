@@ -7,7 +7,7 @@ partition has moved on since a moment (recovery) and for the destination's rate 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+_log = logging.getLogger(__name__)
 # Short enough to time a recovery to ~0.3 s; each sample is one ListOffsets round per partition.
 _SAMPLE_S = 0.25
 _WATERMARK_TIMEOUT_S = 2.0
@@ -33,7 +34,9 @@ class Progress(threading.Thread):
 
     def __init__(self, bootstrap: str) -> None:
         super().__init__(daemon=True, name="chaos-progress")
+        self._servers = bootstrap
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._failed = 0
         self._tracked: dict[str, int] = {}
         self._paused: set[str] = set()
         self._lock = threading.Lock()
@@ -63,10 +66,19 @@ class Progress(threading.Thread):
                 isolation_level=IsolationLevel.READ_COMMITTED,
                 request_timeout=_WATERMARK_TIMEOUT_S,
             )
+            errors: set[str] = set()
             for tp, future in futures.items():
                 # A bounded wait: the future of a topic not there yet may never resolve.
-                with contextlib.suppress(KafkaException, concurrent.futures.TimeoutError):
+                try:
                     ends[(tp.topic, tp.partition)] = future.result(timeout=_WATERMARK_TIMEOUT_S).offset
+                except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                    errors.add(repr(exc)[:200])
+            if not ends:
+                # Nothing answered: a client that looked before the topics existed may keep failing; start afresh.
+                self._failed += 1
+                if self._failed % 20 == 1:
+                    _log.info("progress: no destination offsets (%s)", sorted(errors)[:3])
+                self._admin = AdminClient({"bootstrap.servers": self._servers})
             self.samples.append(Sample(time.monotonic(), ends))
             self._done.wait(_SAMPLE_S)
 
