@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.chaos.runner import ChaosRun
+from tests.chaos.runner import BREAKAGES, ChaosRun, broken_deduper_env
 from tests.chaos.schedule import CI, LONG, counts
 
 
@@ -19,12 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: the time)")
     parser.add_argument("--out", type=Path, default=None, help="where the report and the logs go")
     parser.add_argument("--plan", action="store_true", help="print the schedule and exit")
+    parser.add_argument(
+        "--break-deduper",
+        choices=BREAKAGES,
+        default=None,
+        help="run a deliberately broken deduper (tests/helpers/break_deduper): the verdict must be FAILED",
+    )
     args = parser.parse_args(argv)
     profile = LONG if args.long else CI
     seed = args.seed if args.seed is not None else int(time.time())
     out = args.out or Path(tempfile.mkdtemp(prefix=f"ferryman-chaos-{seed}-"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run = ChaosRun(seed, profile, out)
+    run = ChaosRun(
+        seed, profile, out, service_env=broken_deduper_env(args.break_deduper) if args.break_deduper else None
+    )
     if args.plan:
         for f in run.schedule:
             print(f.to_json())

@@ -73,11 +73,11 @@ class Progress(threading.Thread):
                     ends[(tp.topic, tp.partition)] = future.result(timeout=_WATERMARK_TIMEOUT_S).offset
                 except (KafkaException, concurrent.futures.TimeoutError) as exc:
                     errors.add(repr(exc)[:200])
-            if not ends:
-                # Nothing answered: a client that looked before the topics existed may keep failing; start afresh.
+            if errors:
+                # A client that asked before a topic existed keeps failing for it (seen here): start afresh.
                 self._failed += 1
                 if self._failed % 20 == 1:
-                    _log.info("progress: no destination offsets (%s)", sorted(errors)[:3])
+                    _log.info("progress: %d partitions unanswered (%s)", len(futures) - len(ends), sorted(errors)[:3])
                 self._admin = AdminClient({"bootstrap.servers": self._servers})
             self.samples.append(Sample(time.monotonic(), ends))
             self._done.wait(_SAMPLE_S)

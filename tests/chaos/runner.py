@@ -62,6 +62,19 @@ _JITTER_MS = 200
 _SLOW_KB_S = 8
 
 
+_BREAK_HOOK = Path(__file__).parent.parent / "helpers" / "break_deduper"
+BREAKAGES = ("state-outside-transaction", "offsets-outside-transaction")
+"""What ``tests/helpers/break_deduper`` can break (the proof that the checker bites)."""
+
+
+def broken_deduper_env(breakage: str) -> dict[str, str]:
+    """Service environment that runs the dedupers with one deliberate breakage (the wrappers are unaffected)."""
+    return {
+        "PYTHONPATH": os.pathsep.join([str(_BREAK_HOOK), os.environ.get("PYTHONPATH", "")]),
+        "FERRYMAN_TEST_BREAK": breakage,
+    }
+
+
 @dataclass
 class Services:
     """The flow's four processes, by name (``wrapper-1``, ..., ``deduper-2``)."""
