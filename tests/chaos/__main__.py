@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: the time)")
     parser.add_argument("--out", type=Path, default=None, help="where the report and the logs go")
     parser.add_argument("--plan", action="store_true", help="print the schedule and exit")
+    parser.add_argument("--faults", type=int, default=None, help="apply only the schedule's first N faults")
     parser.add_argument(
         "--break-deduper",
         choices=BREAKAGES,
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     run = ChaosRun(
         seed, profile, out, service_env=broken_deduper_env(args.break_deduper) if args.break_deduper else None
     )
+    if args.faults is not None:
+        run.schedule = run.schedule[: args.faults]
     if args.plan:
         for f in run.schedule:
             print(f.to_json())

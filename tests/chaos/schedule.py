@@ -93,7 +93,7 @@ class Profile:
 
 CI = Profile(
     name="ci",
-    faults=17,
+    faults=14,
     min_each={
         Kind.KILL: 2,
         Kind.TERM: 1,
