@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f.to_json())
         print(counts(run.schedule))
         return 0
+    # SIGTERM (a CI job's cancel, kill PID) unwinds like Ctrl-C: the services run in sessions of their
+    # own and would outlive this process (they did, spinning against dead clusters) without the cleanup.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     report = run.run()
     js, txt = report.write(out)
     print(report.summary())
