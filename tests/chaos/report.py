@@ -71,6 +71,7 @@ class Report:
         offered_rate: float,
         service_starts: dict[str, int],
         services_down_at_end: list[str],
+        harness_errors: list[str],
     ) -> Report:
         """Put the figures together and judge them."""
         total = Tally()
@@ -92,6 +93,7 @@ class Report:
             f"fault {f.fault['index']} ({f.fault['kind']} {f.fault['target']}): {f.error}" for f in faults if f.error
         ]
         problems += [f"{name} not running at the end" for name in services_down_at_end]
+        problems += harness_errors
         return cls(
             seed=seed,
             profile=profile,

@@ -272,6 +272,7 @@ class ChaosRun:
             offered_rate=self.profile.rate_per_s,
             service_starts=exits,
             services_down_at_end=dead,
+            harness_errors=[f"load generator: {e!r}" for e in self.load.errors],
         )
 
     # -- faults ----------------------------------------------------------------------------------
