@@ -19,6 +19,9 @@ _log = logging.getLogger(__name__)
 # Short enough to time a recovery to ~0.3 s; each sample is one ListOffsets round per partition.
 _SAMPLE_S = 0.25
 _WATERMARK_TIMEOUT_S = 2.0
+# Consecutive samples with unanswered partitions before the client is replaced: a broker away for a
+# moment is not a reason, a client stuck on stale metadata is (a new one needs a sample to warm up).
+_FRESH_AFTER = 8
 
 
 @dataclass(frozen=True)
@@ -73,11 +76,10 @@ class Progress(threading.Thread):
                     ends[(tp.topic, tp.partition)] = future.result(timeout=_WATERMARK_TIMEOUT_S).offset
                 except (KafkaException, concurrent.futures.TimeoutError) as exc:
                     errors.add(repr(exc)[:200])
-            if errors:
+            self._failed = self._failed + 1 if errors else 0
+            if self._failed and self._failed % _FRESH_AFTER == 0:
                 # A client that asked before a topic existed keeps failing for it (seen here): start afresh.
-                self._failed += 1
-                if self._failed % 20 == 1:
-                    _log.info("progress: %d partitions unanswered (%s)", len(futures) - len(ends), sorted(errors)[:3])
+                _log.info("progress: %d partitions unanswered (%s)", len(futures) - len(ends), sorted(errors)[:3])
                 self._admin = AdminClient({"bootstrap.servers": self._servers})
             self.samples.append(Sample(time.monotonic(), ends))
             self._done.wait(_SAMPLE_S)
@@ -127,8 +129,13 @@ class Progress(threading.Thread):
             return []
         start = self.samples[0].at
         out: list[tuple[float, float]] = []
-        prev = self.samples[0]
-        for s in self.samples[1:]:
+        full = max(len(s.ends) for s in self.samples)
+        # Samples where a partition went unanswered would read as a drop to 0: skipped.
+        complete = [s for s in self.samples if len(s.ends) >= full or (s.ends and len(s.ends) >= full - 2)]
+        if len(complete) < 2:
+            return []
+        prev = complete[0]
+        for s in complete[1:]:
             if s.at - prev.at >= 1.0:
                 common = set(s.ends) & set(prev.ends)
                 moved = sum(max(0, s.ends[k] - prev.ends[k]) for k in common)
