@@ -14,7 +14,9 @@ import pytest
 from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import CI, LONG, Profile
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# ~7 min for the CI schedule on a loaded 2-core machine (start-up ~3 min of it); pytest-timeout's
+# default of 600 s cut a run off during its final check.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: CI's seed; FERRYMAN_CHAOS_SEED replays another one (a failing nightly's, say).
 CI_SEED = 20261125
