@@ -7,10 +7,13 @@ does the same from a shell. ``MultiNodeCluster.start(name, nodes=3)`` starts one
 cluster of several nodes whose nodes can be killed and restarted one at a time;
 ``transaction_coordinator`` and ``group_coordinator`` name the node to take away.
 ``LocalPrometheus.start(dir, jobs)`` runs a Prometheus server scraping Ferryman processes.
+``Toxiproxy.start(dir)`` runs toxiproxy (built once with ``go install``) to cut, delay or slow links;
+``MultiNodeCluster.start(..., proxied=True)`` gives brokers a listener advertised at the proxies' ports.
+``LocalZipkin.start(dir)`` runs a Zipkin server (Maven Central exec jar) to receive and show traces.
 """
 
 from ferryman_local._broker import JVM_OPTIONS
-from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, start_clusters
+from ferryman_local._cluster import SINGLE_NODE_PROPERTIES, LocalCluster, ProxiedListener, start_clusters
 from ferryman_local._coordinators import (
     coordinator_partition,
     group_coordinator,
@@ -31,12 +34,14 @@ from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
 from ferryman_local._prometheus import LocalPrometheus
+from ferryman_local._toxiproxy import TOXIPROXY_VERSION, Proxy, Toxiproxy, ToxiproxyError, ensure_toxiproxy
 from ferryman_local._zipkin import LocalZipkin, ensure_zipkin_jar
 
 __all__ = [
     "JVM_OPTIONS",
     "KAFKA_VERSION",
     "SINGLE_NODE_PROPERTIES",
+    "TOXIPROXY_VERSION",
     "ClusterNode",
     "ClusterStartError",
     "CoordinatorNotFoundError",
@@ -47,11 +52,16 @@ __all__ = [
     "LocalZipkin",
     "MultiNodeCluster",
     "PrometheusStartError",
+    "ProxiedListener",
+    "Proxy",
     "ToolMissingError",
+    "Toxiproxy",
+    "ToxiproxyError",
     "ZipkinStartError",
     "cache_dir",
     "coordinator_partition",
     "ensure_kafka_jars",
+    "ensure_toxiproxy",
     "ensure_zipkin_jar",
     "forget",
     "group_coordinator",

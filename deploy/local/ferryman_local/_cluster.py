@@ -108,8 +108,29 @@ def new_cluster_id() -> str:
             return cid
 
 
+@dataclass(frozen=True)
+class ProxiedListener:
+    """A second client listener (``PROXIED``) whose advertised address is a proxy's, for fault injection.
+
+    Kafka clients learn broker addresses from metadata, so a proxy in front of a broker is only on
+    the path of every request if the broker advertises the proxy's address. Clients that bootstrap
+    through the proxy get the ``PROXIED`` addresses back; everyone else (inter-broker traffic,
+    clients on the ``PLAINTEXT`` port) stays on the direct path.
+    """
+
+    port: int
+    """Port the broker binds the ``PROXIED`` listener to on 127.0.0.1 (the proxy's upstream)."""
+    advertised_port: int
+    """Port advertised for it on 127.0.0.1: where the proxy listens."""
+
+
 def broker_properties(
-    *, port: int, controller_port: int, data_dir: Path, extra: Mapping[str, str] | None = None
+    *,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    extra: Mapping[str, str] | None = None,
+    proxied: ProxiedListener | None = None,
 ) -> dict[str, str]:
     """The ``server.properties`` of a one-node cluster (broker and controller in one process).
 
@@ -118,19 +139,27 @@ def broker_properties(
         controller_port: KRaft controller listener port on 127.0.0.1.
         data_dir: the broker's ``log.dirs`` (also holds the KRaft metadata log).
         extra: properties that override or add to the defaults.
+        proxied: a second client listener advertised at a proxy's address (none by default).
 
     Returns:
         Property names to values, in file order.
     """
+    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
+    advertised = f"PLAINTEXT://127.0.0.1:{port}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    if proxied is not None:
+        listeners += f",PROXIED://127.0.0.1:{proxied.port}"
+        advertised += f",PROXIED://127.0.0.1:{proxied.advertised_port}"
+        protocols += ",PROXIED:PLAINTEXT"
     return {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "log.dirs": str(data_dir),
         **SINGLE_NODE_PROPERTIES,
         **dict(extra or {}),

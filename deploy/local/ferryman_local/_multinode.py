@@ -34,7 +34,13 @@ from ferryman_local._broker import (
     transactions_ready,
     wait_ready,
 )
-from ferryman_local._cluster import broker_properties, check_cluster_name, check_kafka_version, new_cluster_id
+from ferryman_local._cluster import (
+    ProxiedListener,
+    broker_properties,
+    check_cluster_name,
+    check_kafka_version,
+    new_cluster_id,
+)
 from ferryman_local._errors import ClusterStartError, HarnessError
 from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars
 from ferryman_local._ports import reserve_port
@@ -83,6 +89,8 @@ class ClusterNode:
     """CONTROLLER listener port; KRaft stores it in the voter set, so it must not change."""
     directory_id: str
     """Id of the node's metadata log dir, part of its identity as a voter (``--initial-controllers``)."""
+    proxied: ProxiedListener | None = None
+    """The node's ``PROXIED`` listener, advertised at a proxy's address (``start(..., proxied=True)``)."""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -108,6 +116,7 @@ def node_properties(
         port=node.port,
         controller_port=node.controller_port,
         data_dir=data_dir,
+        proxied=node.proxied,
         extra={
             "node.id": str(node.node_id),
             "controller.quorum.bootstrap.servers": ",".join(f"127.0.0.1:{n.controller_port}" for n in nodes),
@@ -146,6 +155,10 @@ class _MultiNodeState:
                     port=int(n["port"]),
                     controller_port=int(n["controller_port"]),
                     directory_id=str(n["directory_id"]),
+                    # Absent from state files written before the PROXIED listener existed.
+                    proxied=ProxiedListener(int(n["proxied"]["port"]), int(n["proxied"]["advertised_port"]))
+                    if n.get("proxied")
+                    else None,
                 )
                 for n in data["nodes"]
             ),
@@ -162,6 +175,9 @@ class _MultiNodeState:
                     "port": n.port,
                     "controller_port": n.controller_port,
                     "directory_id": n.directory_id,
+                    "proxied": None
+                    if n.proxied is None
+                    else {"port": n.proxied.port, "advertised_port": n.proxied.advertised_port},
                 }
                 for n in self.nodes
             ],
@@ -221,6 +237,7 @@ class MultiNodeCluster:
         work_dir: Path | None = None,
         extra_properties: Mapping[str, str] | None = None,
         ready_timeout_s: float = _READY_TIMEOUT_S,
+        proxied: bool = False,
     ) -> MultiNodeCluster:
         """Start every node and return once the cluster serves metadata, groups and transactions.
 
@@ -238,6 +255,9 @@ class MultiNodeCluster:
                 (``SINGLE_NODE_PROPERTIES`` with ``replication_properties(nodes)``).
             ready_timeout_s: budget for the JVMs' start and the readiness probes
                 (jar resolution and storage formatting come before it).
+            proxied: give every node of a fresh cluster a ``PROXIED`` listener advertised at a
+                port reserved for a proxy (``ClusterNode.proxied``); the caller runs the proxies
+                (``proxied_bootstrap_servers`` only works through them).
 
         Returns:
             The running cluster.
@@ -265,7 +285,11 @@ class MultiNodeCluster:
         else:
             members = tuple(
                 ClusterNode(
-                    node_id=i, port=reserve_port(), controller_port=reserve_port(), directory_id=new_cluster_id()
+                    node_id=i,
+                    port=reserve_port(),
+                    controller_port=reserve_port(),
+                    directory_id=new_cluster_id(),
+                    proxied=ProxiedListener(reserve_port(), reserve_port()) if proxied else None,
                 )
                 for i in range(1, nodes + 1)
             )
@@ -290,6 +314,17 @@ class MultiNodeCluster:
             cluster.kill_all()
             raise
         return cluster
+
+    @property
+    def proxied_bootstrap_servers(self) -> str:
+        """Every node's advertised ``PROXIED`` address, comma-separated (clients that must go through proxies).
+
+        Raises:
+            HarnessError: the cluster was started without ``proxied=True``.
+        """
+        if any(n.proxied is None for n in self.nodes):
+            raise HarnessError(f"{self.name} has no PROXIED listener; start it with proxied=True")
+        return ",".join(f"127.0.0.1:{n.proxied.advertised_port}" for n in self.nodes if n.proxied is not None)
 
     @property
     def node_ids(self) -> list[int]:
