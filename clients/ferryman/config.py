@@ -140,11 +140,25 @@ class FlowConfig(_Model, frozen=True):
     """When a source topic is deleted and re-created (new topic id): ``reset``
     starts its partitions' watermarks again at -1 (loudly); ``halt`` stops
     writing them until an operator intervenes."""
+    replication_factor: Annotated[int, Meta(ge=-1, le=32767)] = -1
+    """Replication factor of the destination topics the deduper creates; -1: the broker's
+    ``default.replication.factor``. Applies to topics created after a change."""
+    topic_configs_exclude: list[str] = field(default_factory=list)
+    """Regexes (full match) of source topic configs not copied to created destination topics,
+    in addition to the broker-specific ones always left out. Applies to topics created after a change."""
+    topic_refresh_interval_s: Annotated[float, Meta(gt=0)] | None = None
+    """How often this flow's source topic list is re-read; default ``wrapper.topic_refresh_interval_s``."""
+    paused: bool = False
+    """Paused: wrappers read nothing from the source (what is in flight is still committed)."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
             raise _FieldError("name", "flow name may only contain letters, digits, '.', '_' and '-'")
-        for name, patterns in (("topics", self.topics), ("topics_exclude", self.topics_exclude)):
+        for name, patterns in (
+            ("topics", self.topics),
+            ("topics_exclude", self.topics_exclude),
+            ("topic_configs_exclude", self.topic_configs_exclude),
+        ):
             for pattern in patterns:
                 try:
                     re.compile(pattern)

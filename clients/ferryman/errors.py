@@ -69,3 +69,43 @@ class WedgedCallError(FerrymanError):
 
 class ClusterUnreachableError(FerrymanError):
     """A cluster did not answer within the start-up deadline (``startup_timeout_s``)."""
+
+
+class FlowError(FerrymanError):
+    """A request about a replication flow (the flows admin API) cannot be carried out."""
+
+
+class FlowFieldError(FlowError):
+    """A flow field has a value that is refused (INVALID_ARGUMENT); ``field_name`` names it (``naming.renames``)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name
+
+
+class FlowNotFoundError(FlowError):
+    """No flow of that name is stored."""
+
+
+class FlowExistsError(FlowError):
+    """A flow of that name is already stored."""
+
+
+class StaleEtagError(FlowError):
+    """The flow changed since the etag the request was based on: read it again and retry."""
+
+
+class FlowNotLiveError(FlowError):
+    """A change cannot be applied to running services (or would close a replication cycle)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name
+
+
+class FlowStoreBusyError(FlowError):
+    """Concurrent writers kept fencing this write of the flow store; retrying later succeeds."""
+
+
+class FlowCycleError(FlowError):
+    """The flow would close a replication cycle in which topics could come back (FAILED_PRECONDITION)."""

@@ -17,8 +17,15 @@ from ferryman.errors import (
     EnvelopeError,
     FencedError,
     FerrymanError,
+    FlowCycleError,
+    FlowExistsError,
+    FlowFieldError,
+    FlowNotFoundError,
+    FlowNotLiveError,
+    FlowStoreBusyError,
     KafkaOperationError,
     SourceDataLostError,
+    StaleEtagError,
     TopicShapeError,
 )
 
@@ -67,6 +74,13 @@ class RpcError(FerrymanError):
 #: Most specific first: the first matching class decides.
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IncompatiblePeerError, grpc.StatusCode.FAILED_PRECONDITION),
+    (FlowFieldError, grpc.StatusCode.INVALID_ARGUMENT),
+    (FlowNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (FlowExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (StaleEtagError, grpc.StatusCode.ABORTED),
+    (FlowStoreBusyError, grpc.StatusCode.ABORTED),
+    (FlowNotLiveError, grpc.StatusCode.FAILED_PRECONDITION),
+    (FlowCycleError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (EnvelopeError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicShapeError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -98,6 +112,8 @@ def error_reason(exc: BaseException) -> str:
 
 def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
+    if isinstance(exc, (FlowFieldError, FlowNotLiveError)):
+        metadata["field"] = exc.field_name
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
     elif isinstance(exc, RpcError):
