@@ -1,4 +1,4 @@
-"""Typed client of the services' admin and status RPCs (``WrapperService``, ``DeduperService``).
+"""Typed client of the services' admin and status RPCs (``WrapperService``, ``DeduperService``, ``FlowService``).
 
 `FerrymanAdmin` keeps one channel to one service (TLS and the bearer token as ``RpcConfig``
 says), gives every call a default deadline, retries only calls that are safe to repeat (the
@@ -20,16 +20,21 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import grpc
+from google.protobuf import field_mask_pb2
 
 from ferryman.config import RpcConfig
 from ferryman.rpc import RpcError, open_channel, rpc_error_from
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2, flows_pb2_grpc
 
 T = TypeVar("T")
 
 #: Default deadline of one call, retries included: status reads answer from memory in
 #: milliseconds, so 5 s only runs out against a server that is not there or overloaded.
 DEFAULT_TIMEOUT_S = 5.0
+
+#: Default deadline of a FlowService call: each one reads the flow store to its end, and a write
+#: also fences the other writers and commits a transaction (0.3-2 s here, more on a busy cluster).
+FLOW_TIMEOUT_S = 30.0
 
 #: Waits before the retries of a safe call that found the server UNAVAILABLE (a restart, a
 #: connection being set up); short, as a person is usually waiting.
@@ -56,12 +61,37 @@ class WrongServiceError(AdminError):
     """The server does not serve this RPC (UNIMPLEMENTED): a wrapper asked for deduper status, say."""
 
 
+class InvalidArgumentError(AdminError):
+    """The server refused a value (INVALID_ARGUMENT); ``metadata["field"]`` names the field when it is one."""
+
+
+class NotFoundError(AdminError):
+    """No such flow (NOT_FOUND)."""
+
+
+class AlreadyExistsError(AdminError):
+    """A flow of that name exists already (ALREADY_EXISTS)."""
+
+
+class ConflictError(AdminError):
+    """The flow changed since the etag sent, or concurrent writers won (ABORTED): read again and retry."""
+
+
+class PreconditionError(AdminError):
+    """The change is refused in the current state (FAILED_PRECONDITION): not live-changeable, a cycle, ..."""
+
+
 _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
     grpc.StatusCode.UNAVAILABLE: ServiceUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: ServiceUnavailableError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNIMPLEMENTED: WrongServiceError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.ABORTED: ConflictError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
 }
 
 
@@ -101,6 +131,7 @@ class FerrymanAdmin:
         self._channel = open_channel(address, rpc or RpcConfig())
         self._wrapper = control_pb2_grpc.WrapperServiceStub(self._channel)
         self._deduper = control_pb2_grpc.DeduperServiceStub(self._channel)
+        self._flows = flows_pb2_grpc.FlowServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
@@ -140,6 +171,97 @@ class FerrymanAdmin:
             return ServiceStatus(role="deduper", deduper=self.deduper_status(timeout_s=timeout_s))
         except WrongServiceError:
             return ServiceStatus(role="wrapper", wrapper=self.wrapper_status(timeout_s=timeout_s))
+
+    # ------------------------------------------------------------------ flows (FlowService, on dedupers)
+    def list_flows(self, *, timeout_s: float | None = None) -> list[flows_pb2.Flow]:
+        """``FlowService.ListFlows``: every flow stored in the deduper's destination cluster, by name.
+
+        Raises:
+            AdminError: a subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = flows_pb2.ListFlowsRequest()
+        return list(
+            self._safe_call(lambda t: self._flows.ListFlows(request, timeout=t), self._flow_timeout(timeout_s)).flows
+        )
+
+    def get_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.GetFlow``.
+
+        Raises:
+            NotFoundError: no flow of that name.
+        """
+        request = flows_pb2.GetFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.GetFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def create_flow(self, flow: flows_pb2.Flow, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.CreateFlow`` (never retried: a lost answer could hide a success).
+
+        Raises:
+            AlreadyExistsError: the name is taken.
+            InvalidArgumentError: a value is refused (``metadata["field"]``).
+            PreconditionError: the flow would close a replication cycle.
+        """
+        request = flows_pb2.CreateFlowRequest(flow=flow)
+        return self._call(lambda t: self._flows.CreateFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def update_flow(
+        self,
+        flow: flows_pb2.Flow,
+        paths: list[str] | None = None,
+        *,
+        etag: str = "",
+        timeout_s: float | None = None,
+    ) -> flows_pb2.Flow:
+        """``FlowService.UpdateFlow``: the fields at paths taken from flow (all for None), if etag is current.
+
+        Raises:
+            NotFoundError: no such flow.
+            ConflictError: etag is stale.
+            InvalidArgumentError: a value or an immutable field is refused.
+            PreconditionError: a field that cannot change live, or a cycle.
+        """
+        request = flows_pb2.UpdateFlowRequest(
+            flow=flow, update_mask=field_mask_pb2.FieldMask(paths=paths or []), etag=etag
+        )
+        return self._call(lambda t: self._flows.UpdateFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def delete_flow(self, name: str, *, etag: str = "", timeout_s: float | None = None) -> None:
+        """``FlowService.DeleteFlow`` (not retried: a repeat would answer NOT_FOUND).
+
+        Raises:
+            NotFoundError: no such flow.
+            ConflictError: etag is stale.
+        """
+        request = flows_pb2.DeleteFlowRequest(name=name, etag=etag)
+        self._call(lambda t: self._flows.DeleteFlow(request, timeout=t), self._flow_timeout(timeout_s))
+
+    def pause_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.PauseFlow`` (idempotent, so retried on UNAVAILABLE).
+
+        Raises:
+            NotFoundError: no such flow.
+        """
+        request = flows_pb2.PauseFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.PauseFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def resume_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.ResumeFlow`` (idempotent, so retried on UNAVAILABLE).
+
+        Raises:
+            NotFoundError: no such flow.
+        """
+        request = flows_pb2.ResumeFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.ResumeFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def _flow_timeout(self, timeout_s: float | None) -> float:
+        return timeout_s if timeout_s is not None else max(self._timeout_s, FLOW_TIMEOUT_S)
+
+    def _call(self, call: Callable[[float], T], timeout_s: float | None) -> T:
+        """call(deadline) once: for calls that must not be repeated blindly."""
+        try:
+            return call(self._timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
 
     def _safe_call(self, call: Callable[[float], T], timeout_s: float | None) -> T:
         """call(remaining deadline), repeated on UNAVAILABLE: only for calls that change nothing."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from ferryman.cli import _audit, _status
+from ferryman.cli import _audit, _flows, _status
 from ferryman.cli._common import EXIT_USAGE, fail
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_audit.group, name="audit")
+app.add_typer(_flows.group, name="flows")
 app.command("status")(_status.status)
 app.command("lag")(_status.lag)
 

@@ -6,6 +6,7 @@ serve it (`FlowRegistry`) and follow it (`FlowWatcher`), the CLI and the admin c
 
 from ferryman.flows._cycles import describe as describe_cycle
 from ferryman.flows._cycles import find_cycle
+from ferryman.flows._live import UNCHANGED, LiveFlow, seed_and_check, stored_or
 from ferryman.flows._model import (
     IMMUTABLE_FIELDS,
     NOT_LIVE_FIELDS,
@@ -24,9 +25,11 @@ from ferryman.flows._watch import FlowWatcher
 __all__ = [
     "IMMUTABLE_FIELDS",
     "NOT_LIVE_FIELDS",
+    "UNCHANGED",
     "FlowRegistry",
     "FlowStore",
     "FlowWatcher",
+    "LiveFlow",
     "canonical",
     "check_change",
     "describe_cycle",
@@ -34,6 +37,8 @@ __all__ = [
     "find_cycle",
     "merged",
     "same_definition",
+    "seed_and_check",
+    "stored_or",
     "to_config",
     "to_proto",
 ]

@@ -38,6 +38,7 @@ from ferryman.advertisement import advertised_address
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
+from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
 from ferryman.metrics import deduper_metrics
@@ -45,12 +46,14 @@ from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS
 from ferryman.topics import InternalTopic
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2_grpc
 
 from ferryman_deduper._advertise import Advertiser
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
 from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
+from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
+from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._transaction import Transaction
@@ -128,6 +131,11 @@ class Deduper:
         self._recovery: tuple[BaseException, str] | None = None
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
         self._health_dirty = False
+        #: The flows admin API of the destination cluster (FlowService), and this flow as stored there.
+        self._registry = FlowRegistry(config.clusters, flow.target, client_id=self._client_id("flows"))
+        self._live: LiveFlow | None = None
+        #: The flow is deleted (or re-created as this process cannot run it): idle, NOT_SERVING.
+        self._flow_idle = False
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -239,8 +247,9 @@ class Deduper:
             register=[
                 lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self._hub), s),  # type: ignore[arg-type]
                 lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(DeduperStatusServicer(self.status), s),
+                lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(self._registry), s),
             ],
-            service_names=_SERVICE_NAMES,
+            service_names=(*_SERVICE_NAMES, FLOW_SERVICE_NAME),
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
             exporter = deduper_metrics(self._dc.metrics_address, self.status)
@@ -257,6 +266,9 @@ class Deduper:
         admin = AdminClient(self._client_conf("admin"))
         wait_until_reachable(admin, self._flow.target, self._target, self._dc.startup_timeout_s)
         self._ensure_topics(admin)
+        # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
+        self._flow = seed_and_check(self._registry, self._flow)
+        self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(
             admin=admin,
             consumer_config=self._client_conf("specs"),
@@ -265,6 +277,7 @@ class Deduper:
             replicate_configs=self._flow.replicate_topic_configs,
             timeout_s=_ADMIN_TIMEOUT_S,
         )
+        self._destinations.apply_flow(self._flow)
         self._txn.start()
         self._data = DataPath(
             flow=self._flow,
@@ -298,6 +311,8 @@ class Deduper:
             self._produce_path(),
         )
         self._set_serving(True)
+        self._server.set_serving(FLOW_SERVICE_NAME, True)
+        self._live.start()
         advertiser = Advertiser(
             names=self._names,
             instance_id=self.instance_id,
@@ -313,6 +328,7 @@ class Deduper:
                 self._commit("shutdown")
         finally:
             advertiser.stop()  # first: wrappers stop dialling a deduper on its way out
+            self._live.stop()
             self._server.begin_drain()
             self._close()
 
@@ -326,7 +342,21 @@ class Deduper:
     def _apply_health(self) -> None:
         if self._health_dirty:
             self._health_dirty = False
-            self._set_serving(self.health.reachable and self._recovery is None)
+            self._set_serving(self.health.reachable and self._recovery is None and not self._flow_idle)
+
+    def _follow_flow(self) -> None:
+        """Apply what changed in the stored flow (loop thread): renames and created-topic settings, deletion."""
+        assert self._live is not None
+        change = self._live.take()
+        if change is UNCHANGED:
+            return
+        if not isinstance(change, FlowConfig):
+            _log.warning("flow %s is gone from the flow store: idle and NOT_SERVING until it is back", self._flow.name)
+            self._flow_idle = True
+        else:
+            self._flow, self._flow_idle = change, False
+            self._destinations.apply_flow(change)
+        self._health_dirty = True
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -348,6 +378,7 @@ class Deduper:
                 self._fail(exc, "writing the transaction")
             self.health.tick()
             self.health.probe(lambda t: self._txn.producer.list_topics(self._names.staging_topic, timeout=t))
+            self._follow_flow()
             self._apply_health()
             self._control_tick()
 

@@ -1,0 +1,474 @@
+"""``ferryman flows ...``: the replication flows of a destination cluster, through a deduper's FlowService.
+
+Flows are given as in the configuration file (the same keys: ``name``, ``source``, ``target``,
+``topics``, ``naming``, ...); ``apply -f FILE`` takes a configuration file (its ``flows:``), a
+list of flows or one flow, and makes the store match it: missing flows are created, changed ones
+updated (against the etag just read), equal ones left alone. Exit codes beyond the CLI's common
+ones (2: a value refused, 4: no answer, 5: credentials refused): 6 no such flow, 7 the flow exists,
+8 it changed meanwhile (stale etag), 9 refused in the current state (not live-changeable, a cycle).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from google.protobuf import json_format
+from rich.console import Console
+from rich.table import Table
+
+from ferryman.admin import (
+    AdminError,
+    AlreadyExistsError,
+    AuthenticationError,
+    ConflictError,
+    FerrymanAdmin,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionError,
+    ServiceUnavailableError,
+)
+from ferryman.cli._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
+from ferryman.cli._status import (
+    EXIT_DENIED,
+    EXIT_UNAVAILABLE,
+    CaOption,
+    CertOption,
+    KeyOption,
+    OutputOption,
+    ServerOption,
+    TokenOption,
+    _rpc,
+)
+from ferryman.config import FlowConfig, validated
+from ferryman.errors import ConfigError
+from ferryman.flows import to_config, to_proto
+from ferryman.v1 import flows_pb2
+
+EXIT_NOT_FOUND = 6
+EXIT_EXISTS = 7
+EXIT_CONFLICT = 8
+EXIT_PRECONDITION = 9
+
+_OUTPUTS = ("table", "json", "yaml")
+
+group = typer.Typer(
+    help="Replication flows of a destination cluster (served by its dedupers): list, create, change, pause.",
+    no_args_is_help=True,
+)
+
+NameArg = Annotated[str, typer.Argument(help="Flow name.", show_default=False)]
+TimeoutOption = Annotated[
+    float | None, typer.Option("--timeout", help="Deadline of the call in seconds (default 30).", show_default=False)
+]
+EtagOption = Annotated[
+    str, typer.Option("--etag", help="Only if the flow still has this etag (from get); else exit 8.")
+]
+TopicOption = Annotated[
+    list[str] | None, typer.Option("--topic", help="Topic regex to replicate (repeat; replaces the list).")
+]
+ExcludeOption = Annotated[
+    list[str] | None, typer.Option("--exclude", help="Topic regex never to replicate (repeat; replaces the list).")
+]
+RenameOption = Annotated[
+    list[str] | None, typer.Option("--rename", help="SOURCE=DESTINATION topic name (repeat; replaces the renames).")
+]
+ConfigExcludeOption = Annotated[
+    list[str] | None,
+    typer.Option("--config-exclude", help="Topic-config regex not copied to created topics (repeat)."),
+]
+
+
+class _Conn:
+    """The server and credentials options every command takes."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        token: str | None,
+        ca_file: Path | None,
+        cert_file: Path | None,
+        key_file: Path | None,
+        timeout_s: float | None,
+        output: str,
+    ) -> None:
+        self.server, self.timeout_s, self.output = server, timeout_s, output
+        self.rpc = _rpc(token, ca_file, cert_file, key_file)
+
+    def admin(self) -> FerrymanAdmin:
+        return FerrymanAdmin(self.server, self.rpc)
+
+
+def _run(conn: Callable[[], _Conn], action: Callable[[_Conn, FerrymanAdmin], int]) -> int:
+    """Run action, turning every refusal into one line and its exit code."""
+    try:
+        c = conn()
+        if c.output not in _OUTPUTS:
+            return fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {c.output!r}", EXIT_USAGE)
+        with c.admin() as admin:
+            return action(c, admin)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except ServiceUnavailableError as exc:
+        return fail(f"no answer: {exc}", EXIT_UNAVAILABLE)
+    except (AuthenticationError, PermissionDeniedError) as exc:
+        return fail(f"refused: {exc}", EXIT_DENIED)
+    except InvalidArgumentError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except NotFoundError as exc:
+        return fail(str(exc), EXIT_NOT_FOUND)
+    except AlreadyExistsError as exc:
+        return fail(str(exc), EXIT_EXISTS)
+    except ConflictError as exc:
+        return fail(str(exc), EXIT_CONFLICT)
+    except PreconditionError as exc:
+        return fail(str(exc), EXIT_PRECONDITION)
+    except AdminError as exc:
+        return fail(str(exc), EXIT_FAILED)
+
+
+def _as_dict(flow: flows_pb2.Flow) -> dict[str, Any]:
+    return json_format.MessageToDict(flow, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def _emit(output: str, data: Any, table: Table) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        Console(soft_wrap=True).print(table)
+
+
+def _show(output: str, flow: flows_pb2.Flow) -> int:
+    data = _as_dict(flow)
+    table = Table("field", "value", title=f"flow {flow.name}", title_justify="left")
+    for key, value in data.items():
+        table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
+    _emit(output, data, table)
+    return EXIT_OK
+
+
+def _summary_table(flows: list[flows_pb2.Flow], title: str) -> Table:
+    table = Table("name", "route", "topics", "naming", "paused", "version", "etag", title=title, title_justify="left")
+    for f in flows:
+        naming = flows_pb2.NamingPolicy.Name(f.naming.policy).removeprefix("NAMING_POLICY_").lower()
+        table.add_row(
+            f.name,
+            f"{f.source_alias} -> {f.target_alias}",
+            ", ".join(f.topics),
+            naming + (f" +{len(f.naming.renames)} renames" if f.naming.renames else ""),
+            "yes" if f.paused else "no",
+            str(f.version),
+            f.etag,
+        )
+    return table
+
+
+def _flow_values(source: Path) -> list[dict[str, Any]]:
+    """The flows of a YAML file: a configuration (``flows:``), a list of flows, or one flow.
+
+    Raises:
+        ConfigError: unreadable, not YAML, or not flows.
+    """
+    try:
+        loaded = yaml.safe_load(source.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
+    if isinstance(loaded, Mapping) and "flows" in loaded:
+        loaded = loaded["flows"]
+    items = [loaded] if isinstance(loaded, Mapping) else loaded
+    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+        raise ConfigError(f"{source}: expected a configuration with flows:, a list of flows or one flow")
+    return [dict(i) for i in items]
+
+
+def _checked(values: Mapping[str, Any], at: str) -> FlowConfig:
+    return validated(FlowConfig, values, at=(at,))
+
+
+def _conn_factory(**kw: Any) -> Callable[[], _Conn]:
+    return lambda: _Conn(**kw)
+
+
+@group.command("list")
+def list_flows(
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """List the flows stored in the destination cluster of the deduper at --server."""
+
+    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+        flows = admin.list_flows(timeout_s=c.timeout_s)
+        _emit(c.output, [_as_dict(f) for f in flows], _summary_table(flows, f"flows at {c.server}"))
+        return EXIT_OK
+
+    return _run(_conn_factory(**_kw(locals())), action)
+
+
+@group.command("get")
+def get(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Show one flow with its etag and version."""
+    return _run(_conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.get_flow(name, timeout_s=c.timeout_s)))
+
+
+@group.command("create")
+def create(
+    *,
+    server: ServerOption,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="YAML of one flow, as in the configuration file.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Flow name.")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="Source cluster alias.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target cluster alias.")] = None,
+    topic: TopicOption = None,
+    exclude: ExcludeOption = None,
+    naming: Annotated[str | None, typer.Option("--naming", help="prefix or identity.")] = None,
+    rename: RenameOption = None,
+    paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Create a flow from --file or from options (--topic, --exclude and --rename SRC=DST repeat)."""
+
+    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+        values: dict[str, Any] = {}
+        if file is not None:
+            items = _flow_values(file)
+            if len(items) != 1:
+                raise ConfigError(f"{file} holds {len(items)} flows; create takes one (apply takes many)")
+            values = items[0]
+        values.update(
+            _option_values(
+                name=name, source=source, target=target, topic=topic, exclude=exclude, naming=naming, rename=rename
+            )
+        )
+        if paused:
+            values["paused"] = True
+        flow = to_proto(_checked(values, "flow"))
+        return _show(c.output, admin.create_flow(flow, timeout_s=c.timeout_s))
+
+    return _run(_conn_factory(**_kw(locals())), action)
+
+
+@group.command("update")
+def update(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    topic: TopicOption = None,
+    exclude: ExcludeOption = None,
+    rename: RenameOption = None,
+    replication_factor: Annotated[int | None, typer.Option("--replication-factor", help="-1: broker default.")] = None,
+    config_exclude: ConfigExcludeOption = None,
+    refresh_interval_s: Annotated[
+        float | None, typer.Option("--refresh-interval-s", help="How often source topics are re-listed.")
+    ] = None,
+    etag: EtagOption = "",
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Change a flow's live fields: only those given (--topic/--exclude/--rename/--config-exclude replace lists)."""
+
+    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+        patch = flows_pb2.Flow(name=name)
+        paths: list[str] = []
+        if topic is not None:
+            patch.topics.extend(topic)
+            paths.append("topics")
+        if exclude is not None:
+            patch.topics_exclude.extend(exclude)
+            patch.no_default_excludes = not exclude
+            paths += ["topics_exclude", "no_default_excludes"]
+        if rename is not None:
+            patch.naming.renames.update(_renames(rename))
+            paths.append("naming.renames")
+        if replication_factor is not None:
+            patch.replication_factor = max(replication_factor, 0)
+            paths.append("replication_factor")
+        if config_exclude is not None:
+            patch.topic_configs_exclude.extend(config_exclude)
+            paths.append("topic_configs_exclude")
+        if refresh_interval_s is not None:
+            patch.topic_refresh_interval_ms = round(refresh_interval_s * 1000)
+            paths.append("topic_refresh_interval_ms")
+        if not paths:
+            raise ConfigError("nothing to change: give at least one of the options (see --help)")
+        return _show(c.output, admin.update_flow(patch, paths, etag=etag, timeout_s=c.timeout_s))
+
+    return _run(_conn_factory(**_kw(locals())), action)
+
+
+@group.command("delete")
+def delete(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    etag: EtagOption = "",
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Delete a flow: its wrappers stop reading and its services report NOT_SERVING until it is back."""
+
+    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+        admin.delete_flow(name, etag=etag, timeout_s=c.timeout_s)
+        _emit(c.output, {"deleted": name}, Table("deleted", title=name))
+        return EXIT_OK
+
+    return _run(_conn_factory(**_kw(locals())), action)
+
+
+@group.command("pause")
+def pause(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Pause a flow: its wrappers stop reading the source (what is in flight is still committed)."""
+    return _run(_conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.pause_flow(name, timeout_s=c.timeout_s)))
+
+
+@group.command("resume")
+def resume(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Resume a paused flow."""
+    return _run(
+        _conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.resume_flow(name, timeout_s=c.timeout_s))
+    )
+
+
+@group.command("apply")
+def apply(
+    *,
+    server: ServerOption,
+    file: Annotated[Path, typer.Option("--file", "-f", help="Configuration file (flows:), list of flows or one.")],
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    timeout_s: TimeoutOption = None,
+) -> int:
+    """Make the stored flows match the file: create missing, update changed, leave equal ones (idempotent).
+
+    A flow's pause state is kept unless the file sets ``paused``; flows not in the file are left alone.
+    """
+
+    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+        items = _flow_values(file)
+        wanted = [(i, _checked(v, f"flows.{i}")) for i, v in enumerate(items)]
+        rows: list[dict[str, str]] = []
+        for i, config in wanted:
+            flow = to_proto(config)
+            try:
+                stored = admin.get_flow(config.name, timeout_s=c.timeout_s)
+            except NotFoundError:
+                created = admin.create_flow(flow, timeout_s=c.timeout_s)
+                rows.append({"flow": config.name, "action": "created", "etag": created.etag})
+                continue
+            if "paused" not in items[i]:
+                flow.paused = stored.paused
+            if to_config(stored) == to_config(flow):
+                rows.append({"flow": config.name, "action": "unchanged", "etag": stored.etag})
+                continue
+            updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=c.timeout_s)
+            rows.append({"flow": config.name, "action": "updated", "etag": updated.etag})
+        table = Table("flow", "action", "etag", title=f"apply {file}", title_justify="left")
+        for row in rows:
+            table.add_row(row["flow"], row["action"], row["etag"])
+        _emit(c.output, rows, table)
+        return EXIT_OK
+
+    return _run(_conn_factory(**_kw(locals())), action)
+
+
+def _kw(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection options among a command's arguments."""
+    names = ("server", "token", "ca_file", "cert_file", "key_file", "timeout_s", "output")
+    return {n: scope[n] for n in names}
+
+
+def _renames(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        src, sep, dst = pair.partition("=")
+        if not sep or not src or not dst:
+            raise ConfigError(f"--rename takes SOURCE=DESTINATION, not {pair!r}")
+        out[src] = dst
+    return out
+
+
+def _option_values(
+    *,
+    name: str | None,
+    source: str | None,
+    target: str | None,
+    topic: list[str] | None,
+    exclude: list[str] | None,
+    naming: str | None,
+    rename: list[str] | None,
+) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in (("name", name), ("source", source), ("target", target), ("topics", topic)):
+        if value is not None:
+            values[key] = value
+    if exclude is not None:
+        values["topics_exclude"] = exclude
+    if naming is not None or rename is not None:
+        values["naming"] = {
+            **({"policy": naming} if naming else {}),
+            **({"rename": _renames(rename)} if rename else {}),
+        }
+    return values
