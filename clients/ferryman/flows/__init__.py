@@ -6,7 +6,7 @@ serve it (`FlowRegistry`) and follow it (`FlowWatcher`), the CLI and the admin c
 
 from ferryman.flows._cycles import describe as describe_cycle
 from ferryman.flows._cycles import find_cycle
-from ferryman.flows._live import UNCHANGED, LiveFlow, seed_and_check, stored_or
+from ferryman.flows._live import UNCHANGED, LiveFlow, from_stores, seed_and_check, stored_or
 from ferryman.flows._model import (
     IMMUTABLE_FIELDS,
     NOT_LIVE_FIELDS,
@@ -35,6 +35,7 @@ __all__ = [
     "describe_cycle",
     "etag_of",
     "find_cycle",
+    "from_stores",
     "merged",
     "same_definition",
     "seed_and_check",

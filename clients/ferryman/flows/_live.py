@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Mapping
 from typing import Final
 
 from ferryman.config import ClusterConfig, FlowConfig
-from ferryman.errors import ConfigError, FlowFieldError, FlowNotLiveError
+from ferryman.errors import ConfigError, FlowFieldError, FlowNotLiveError, KafkaOperationError
 from ferryman.flows._model import check_change, proto_field, to_config
 from ferryman.flows._registry import FlowRegistry
 from ferryman.flows._store import FlowStore
@@ -82,6 +83,34 @@ def stored_or(store: FlowStore, flow: FlowConfig) -> FlowConfig:
             f"{exc.field_name}, which cannot change on a running flow; the store wins: make the file match"
         ) from exc
     return config
+
+
+#: Budget of each cluster's answer when a flow is looked up in the stores at start-up.
+_LOOKUP_TIMEOUT_S = 15.0
+
+
+def from_stores(clusters: Mapping[str, ClusterConfig], name: str, *, client_id: str) -> FlowConfig:
+    """The flow name as stored in the flow store of one of clusters: a service runs a flow only the API made.
+
+    Each cluster's store holds the flows into it.
+
+    Raises:
+        ConfigError: no cluster's store has it (clusters that did not answer are named).
+    """
+    silent: list[str] = []
+    for alias, cluster in clusters.items():
+        store = FlowStore(alias, cluster, client_id=client_id, timeout_s=_LOOKUP_TIMEOUT_S)
+        try:
+            stored = store.read().get(name) if store.exists() else None
+        except KafkaOperationError as exc:
+            _log.warning("flow store of cluster %s not read: %s", alias, exc)
+            silent.append(alias)
+            continue
+        if stored is not None and stored.target_alias == alias:
+            _log.info("flow %s taken from the flow store of cluster %s", name, alias)
+            return to_config(stored)
+    unread = f" (no answer from {', '.join(silent)})" if silent else ""
+    raise ConfigError(f"no flow named {name!r} in the configuration nor in the flow stores of its clusters{unread}")
 
 
 class LiveFlow:
