@@ -100,7 +100,8 @@ class FlowStore:
         """True when the cluster has a store topic (no store: no flows)."""
         admin = AdminClient(base_config(self._cluster, f"{self._client_id}-flows-admin"))
         try:
-            return FLOWS_TOPIC in topics.list_topic_names(admin, self._timeout_s)
+            # Described, not looked up in a metadata request: that could auto-create the topic.
+            return FLOWS_TOPIC in topics.describe_topics(admin, [FLOWS_TOPIC], self._timeout_s)
         except KafkaException as exc:
             raise KafkaOperationError(f"listing the topics of cluster {self.alias!r}", exc) from exc
 
