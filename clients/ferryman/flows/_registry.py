@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from google.protobuf import field_mask_pb2, timestamp_pb2
 
 from ferryman.config import ClusterConfig, FlowConfig
-from ferryman.errors import FlowCycleError, FlowExistsError, FlowFieldError, FlowNotFoundError, StaleEtagError
+from ferryman.errors import (
+    FlowCycleError,
+    FlowExistsError,
+    FlowFieldError,
+    FlowNotFoundError,
+    FlowStoreBusyError,
+    StaleEtagError,
+)
 from ferryman.flows._cycles import describe, find_cycle
 from ferryman.flows._model import (
     by_name,
@@ -176,6 +183,11 @@ class FlowRegistry:
         A service started from the configuration file calls this: the store wins, a flow
         of the file reaches it only when it has none of that name.
         """
+        # Restarts find the flow stored: a plain read, no write, so that dedupers of a flow starting
+        # together do not fence one another's seeding.
+        stored = self._own().read().get(config.name)
+        if stored is not None:
+            return stored
         wanted = to_proto(config)
         result: list[flows_pb2.Flow] = []
 
@@ -187,7 +199,13 @@ class FlowRegistry:
             result.append(stored)
             return config.name, stored
 
-        self._own().write(change)
+        try:
+            self._own().write(change)
+        except FlowStoreBusyError:  # other writers won every attempt: another deduper seeded it, most likely
+            stored = self._own().read().get(config.name)
+            if stored is None:
+                raise
+            return stored
         return result[-1]
 
     # ----------------------------------------------------------------- cycles
