@@ -49,6 +49,10 @@ class ServiceUnavailableError(AdminError):
     """No answer: nothing listens at the address, it is unreachable, or the deadline passed."""
 
 
+class TlsHandshakeError(ServiceUnavailableError):
+    """The TLS handshake failed: an untrusted server certificate, a name mismatch, TLS to a plaintext port."""
+
+
 class AuthenticationError(AdminError):
     """The server refused the credentials (UNAUTHENTICATED): no token, or a wrong one."""
 
@@ -57,28 +61,35 @@ class PermissionDeniedError(AdminError):
     """The credentials are valid but may not make this call (PERMISSION_DENIED)."""
 
 
+class ResourceNotFoundError(AdminError):
+    """What the call names does not exist, or a source position is not replicated yet (NOT_FOUND)."""
+
+
+class RequestRejectedError(AdminError):
+    """The server refused the request as it stands; the subclasses below name the kind of refusal."""
+
+
 class WrongServiceError(AdminError):
     """The server does not serve this RPC (UNIMPLEMENTED): a wrapper asked for deduper status, say."""
 
 
-class InvalidArgumentError(AdminError):
+class InvalidArgumentError(RequestRejectedError):
     """The server refused a value (INVALID_ARGUMENT); ``metadata["field"]`` names the field when it is one."""
 
 
-class NotFoundError(AdminError):
-    """No such flow (NOT_FOUND)."""
+class PreconditionError(RequestRejectedError):
+    """Refused in the current state (FAILED_PRECONDITION, OUT_OF_RANGE): a feature off, not live-changeable, a cycle.
+
+    ``metadata["field"]`` names the field when the refusal is about one.
+    """
 
 
-class AlreadyExistsError(AdminError):
-    """A flow of that name exists already (ALREADY_EXISTS)."""
+class AlreadyExistsError(RequestRejectedError):
+    """What the call would create exists already, a flow of that name say (ALREADY_EXISTS)."""
 
 
-class ConflictError(AdminError):
-    """The flow changed since the etag sent, or concurrent writers won (ABORTED): read again and retry."""
-
-
-class PreconditionError(AdminError):
-    """The change is refused in the current state (FAILED_PRECONDITION): not live-changeable, a cycle, ..."""
+class ConflictError(RequestRejectedError):
+    """A concurrent change won (ABORTED): a stale etag, or other writers of the flow store. Read again and retry."""
 
 
 _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
@@ -87,12 +98,16 @@ _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNIMPLEMENTED: WrongServiceError,
+    grpc.StatusCode.NOT_FOUND: ResourceNotFoundError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
+    grpc.StatusCode.OUT_OF_RANGE: PreconditionError,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
     grpc.StatusCode.ABORTED: ConflictError,
-    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
 }
+
+#: How gRPC words a failed TLS handshake in an UNAVAILABLE status (client side).
+_HANDSHAKE_MARKERS = ("handshake failed", "ssl_error", "certificate_verify_failed")
 
 
 def _translate(exc: grpc.RpcError) -> AdminError:
@@ -100,6 +115,8 @@ def _translate(exc: grpc.RpcError) -> AdminError:
     error = rpc_error_from(exc)
     kind = _BY_CODE.get(error.code, AdminError)
     message = str(error.args[0]) if error.args else error.code.name
+    if kind is ServiceUnavailableError and any(m in message.lower() for m in _HANDSHAKE_MARKERS):
+        kind = TlsHandshakeError
     return kind(message, error.code, error.reason, error.metadata)
 
 
@@ -161,6 +178,20 @@ class FerrymanAdmin:
         request = control_pb2.GetDeduperStatusRequest()
         return self._safe_call(lambda t: self._deduper.GetDeduperStatus(request, timeout=t), timeout_s)
 
+    def translate_offsets(
+        self, topic: str, partition: int, offset: int, *, timeout_s: float | None = None
+    ) -> control_pb2.TranslateOffsetsResponse:
+        """``DeduperService.TranslateOffsets``: where the record at a source position was written.
+
+        Raises:
+            ResourceNotFoundError: the position is not replicated yet, or has no offset mapping.
+            InvalidArgumentError: a field out of range (``metadata["field"]``).
+            PreconditionError: the flow writes no offset map.
+            AdminError: another subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = control_pb2.TranslateOffsetsRequest(topic=topic, partition=partition, offset=offset)
+        return self._safe_call(lambda t: self._deduper.TranslateOffsets(request, timeout=t), timeout_s)
+
     def service_status(self, *, timeout_s: float | None = None) -> ServiceStatus:
         """The status of whichever service listens at the address.
 
@@ -188,7 +219,7 @@ class FerrymanAdmin:
         """``FlowService.GetFlow``.
 
         Raises:
-            NotFoundError: no flow of that name.
+            ResourceNotFoundError: no flow of that name.
         """
         request = flows_pb2.GetFlowRequest(name=name)
         return self._safe_call(lambda t: self._flows.GetFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
@@ -215,7 +246,7 @@ class FerrymanAdmin:
         """``FlowService.UpdateFlow``: the fields at paths taken from flow (all for None), if etag is current.
 
         Raises:
-            NotFoundError: no such flow.
+            ResourceNotFoundError: no such flow.
             ConflictError: etag is stale.
             InvalidArgumentError: a value or an immutable field is refused.
             PreconditionError: a field that cannot change live, or a cycle.
@@ -229,7 +260,7 @@ class FerrymanAdmin:
         """``FlowService.DeleteFlow`` (not retried: a repeat would answer NOT_FOUND).
 
         Raises:
-            NotFoundError: no such flow.
+            ResourceNotFoundError: no such flow.
             ConflictError: etag is stale.
         """
         request = flows_pb2.DeleteFlowRequest(name=name, etag=etag)
@@ -239,7 +270,7 @@ class FerrymanAdmin:
         """``FlowService.PauseFlow`` (idempotent, so retried on UNAVAILABLE).
 
         Raises:
-            NotFoundError: no such flow.
+            ResourceNotFoundError: no such flow.
         """
         request = flows_pb2.PauseFlowRequest(name=name)
         return self._safe_call(lambda t: self._flows.PauseFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
@@ -248,7 +279,7 @@ class FerrymanAdmin:
         """``FlowService.ResumeFlow`` (idempotent, so retried on UNAVAILABLE).
 
         Raises:
-            NotFoundError: no such flow.
+            ResourceNotFoundError: no such flow.
         """
         request = flows_pb2.ResumeFlowRequest(name=name)
         return self._safe_call(lambda t: self._flows.ResumeFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow

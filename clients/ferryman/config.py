@@ -62,9 +62,9 @@ class SecretStr:
 class _FieldError(ValueError):
     """A field's value is refused by a check its type cannot express."""
 
-    def __init__(self, field_name: str, message: str) -> None:
+    def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
-        self.field_name = field_name
+        self.field = field
 
 
 class _Model(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -186,15 +186,40 @@ class TlsConfig(_Model, frozen=True):
         return any((self.cert_file, self.key_file, self.ca_file))
 
 
+#: Roles an API token can hold; what each may call is decided in ``ferryman.rpc`` (`required_role`).
+TokenRole = Literal["read-only", "admin", "peer"]
+
+
+class ApiToken(_Model, frozen=True):
+    """One bearer token a server accepts, and the role it grants."""
+
+    secret: SecretStr
+    """The token itself (``authorization: Bearer <secret>``); never logged or printed."""
+    role: TokenRole = "read-only"
+    """``read-only``: reads only (Get*, List*, Watch*, Translate* RPCs); ``admin``: every operator
+    RPC, reads included; ``peer``: the wrapper-deduper control link only (ControlService)."""
+
+
 class RpcConfig(_Model, frozen=True):
     """gRPC settings shared by the services, the admin client and the CLI."""
 
     tls: TlsConfig = field(default_factory=TlsConfig)
     """Transport security; plaintext when nothing is set."""
     auth_token: SecretStr | None = None
-    """Bearer token every gRPC call must carry (``authorization`` metadata); none disables the check."""
+    """This process's own bearer token: sent on every call it makes (the wrapper's control link, the
+    admin client, the CLI), and accepted by its servers with every role (admin and peer). With neither
+    this nor ``tokens`` set, the servers check no token."""
+    tokens: dict[str, ApiToken] = field(default_factory=dict)
+    """More tokens the servers accept, by name (the name is logged, the secret never), each with its
+    role: e.g. ``{ops: {secret: ..., role: read-only}}``, or from the environment
+    ``FERRYMAN_RPC__TOKENS__OPS__SECRET`` and ``FERRYMAN_RPC__TOKENS__OPS__ROLE``."""
     connect_backoff_max_s: Annotated[float, Meta(gt=0)] = 10.0
     """Longest wait between reconnect attempts of a control stream."""
+
+    @property
+    def auth_enabled(self) -> bool:
+        """True when the servers check bearer tokens (``auth_token`` or ``tokens`` set)."""
+        return self.auth_token is not None or bool(self.tokens)
 
 
 class WrapperConfig(_Model, frozen=True):
@@ -525,7 +550,7 @@ def _describe(exc: msgspec.ValidationError, at: tuple[str, ...]) -> str:
             path.append(named["field"])
             problem = restated
     if isinstance(exc.__cause__, _FieldError):
-        path.append(exc.__cause__.field_name)
+        path.append(exc.__cause__.field)
     return f"{'.'.join(path)}: {problem}" if path else problem
 
 

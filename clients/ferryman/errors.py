@@ -71,41 +71,68 @@ class ClusterUnreachableError(FerrymanError):
     """A cluster did not answer within the start-up deadline (``startup_timeout_s``)."""
 
 
+class InvalidRequestError(FerrymanError):
+    """A request field has a value the server cannot accept (INVALID_ARGUMENT); ``field`` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class NotFoundError(FerrymanError):
+    """What a request names does not exist (or, for a source position, is not replicated yet)."""
+
+
+class PreconditionError(FerrymanError):
+    """The request is valid but cannot be carried out in the current state (FAILED_PRECONDITION).
+
+    A feature turned off, a change that cannot be applied live, a replication cycle. ``field``
+    names the request field the refusal is about, or is ``""`` when there is none.
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class AlreadyExistsError(FerrymanError):
+    """What a request would create exists already (ALREADY_EXISTS)."""
+
+
+class ConflictError(FerrymanError):
+    """A concurrent change won (ABORTED): read the current state again and retry."""
+
+
 class FlowError(FerrymanError):
     """A request about a replication flow (the flows admin API) cannot be carried out."""
 
 
-class FlowFieldError(FlowError):
-    """A flow field has a value that is refused (INVALID_ARGUMENT); ``field_name`` names it (``naming.renames``)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field_name = field_name
+class FlowFieldError(FlowError, InvalidRequestError):
+    """A flow field has a value that is refused (INVALID_ARGUMENT); ``field`` names it (``naming.renames``)."""
 
 
-class FlowNotFoundError(FlowError):
+class FlowNotFoundError(FlowError, NotFoundError):
     """No flow of that name is stored."""
 
 
-class FlowExistsError(FlowError):
+class FlowExistsError(FlowError, AlreadyExistsError):
     """A flow of that name is already stored."""
 
 
-class StaleEtagError(FlowError):
+class StaleEtagError(FlowError, ConflictError):
     """The flow changed since the etag the request was based on: read it again and retry."""
 
 
-class FlowNotLiveError(FlowError):
-    """A change cannot be applied to running services (or would close a replication cycle)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field_name = field_name
-
-
-class FlowStoreBusyError(FlowError):
+class FlowStoreBusyError(FlowError, ConflictError):
     """Concurrent writers kept fencing this write of the flow store; retrying later succeeds."""
 
 
-class FlowCycleError(FlowError):
+class FlowNotLiveError(FlowError, PreconditionError):
+    """A change cannot be applied to running services; ``field`` names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
+
+
+class FlowCycleError(FlowError, PreconditionError):
     """The flow would close a replication cycle in which topics could come back (FAILED_PRECONDITION)."""

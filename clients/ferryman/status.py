@@ -7,7 +7,9 @@ the bench and the tests; a caller asking often should keep a channel and a stub.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from importlib import metadata
 from typing import TypeVar
 
 import grpc
@@ -20,6 +22,15 @@ T = TypeVar("T")
 
 #: Default budget of one status call.
 STATUS_TIMEOUT_S = 5.0
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed Ferryman version (what the status RPCs report), ``"unknown"`` outside an install."""
+    try:
+        return metadata.version("ferryman")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _call(address: str, rpc: RpcConfig | None, call: Callable[[grpc.Channel], T]) -> T:

@@ -37,8 +37,8 @@ DEDUPER = control_pb2.GetDeduperStatusResponse(
     records_written=1234,
     duplicates_dropped=5,
     partitions=[
-        control_pb2.PartitionWatermark(topic="orders", partition=0, watermark=99, lag=3),
-        control_pb2.PartitionWatermark(topic="orders", partition=1, watermark=-1, lag=-1),
+        control_pb2.PartitionWatermark(topic="orders", partition=0, watermark=99, lag=3, log_end_offset=103),
+        control_pb2.PartitionWatermark(topic="orders", partition=1, watermark=-1, lag=-1, log_end_offset=-1),
     ],
     connected_wrappers=["w-1"],
 )
@@ -116,8 +116,8 @@ def test_lag_per_partition_from_either_service() -> None:
             "role": "deduper",
             "id": "d-7",
             "partitions": [
-                {"topic": "orders", "partition": 0, "watermark": 99, "lag": 3},
-                {"topic": "orders", "partition": 1, "watermark": -1, "lag": -1},
+                {"topic": "orders", "partition": 0, "log_end_offset": 103, "watermark": 99, "lag": 3},
+                {"topic": "orders", "partition": 1, "log_end_offset": -1, "watermark": -1, "lag": -1},
             ],
         }
         from_wrapper = json.loads(_cli("lag", "-s", local(wrapper.port), "-o", "json").stdout)
@@ -140,7 +140,7 @@ def test_credentials_refused_are_exit_5_and_the_token_comes_from_the_environment
         address = local(server.port)
         for refused in (_cli("status", "-s", address), _cli("status", "-s", address, "--token", "wrong")):
             assert refused.returncode == 5, refused.stderr
-            assert "refused the call" in refused.stderr and "UNAUTHENTICATED" in refused.stderr
+            assert "refused the credentials" in refused.stderr and "UNAUTHENTICATED" in refused.stderr
             assert TOKEN not in refused.stderr + refused.stdout
         accepted = _cli("status", "-s", address, "-o", "json", env={"FERRYMAN_TOKEN": TOKEN})
         assert accepted.returncode == 0, accepted.stderr

@@ -125,7 +125,7 @@ def test_a_flow_created_through_the_cli_replicates_and_follows_live_changes(
     )
     assert created["version"] == "1" and created["etag"] and not created["paused"]
     refused(
-        ferryman("create", "--name", flow, "--source", "src", "--target", "dst", server=anchor), 7, "ALREADY_EXISTS"
+        ferryman("create", "--name", flow, "--source", "src", "--target", "dst", server=anchor), 10, "ALREADY_EXISTS"
     )
 
     # A pair started with --flow only: the file declares another flow, the definition comes from the store.
@@ -150,7 +150,7 @@ def test_a_flow_created_through_the_cli_replicates_and_follows_live_changes(
         assert picked_up_s < REFRESH_S + PICKUP_SLACK_S, picked_up_s
 
         # The first etag is stale now.
-        refused(ferryman("update", flow, "--topic", "x", "--etag", created["etag"], server=anchor), 8, "ABORTED")
+        refused(ferryman("update", flow, "--topic", "x", "--etag", created["etag"], server=anchor), 11, "ABORTED")
 
         # Paused: nothing more reaches the destination; resumed: all of it, exactly once.
         assert ok(ferryman("pause", flow, server=anchor))["paused"]
@@ -168,7 +168,7 @@ def test_a_flow_created_through_the_cli_replicates_and_follows_live_changes(
         ok(ferryman("delete", flow, server=anchor))
         wrapper.wait_for_log(f"flow {flow} is gone from the flow store", 30)
         deduper.wait_for_log(f"flow {flow} is gone from the flow store", 30)
-        refused(ferryman("get", flow, server=anchor), 6, "NOT_FOUND")
+        refused(ferryman("get", flow, server=anchor), 7, "NOT_FOUND")
         assert wrapper.alive and deduper.alive
     finally:
         wrapper.stop()
@@ -182,8 +182,8 @@ def test_refusals_name_the_field_and_the_cycle(
     tmp_path: Path,
     anchor: str,
 ) -> None:
-    refused(ferryman("get", unique_name("nope"), server=anchor), 6, "NOT_FOUND")
-    refused(ferryman("delete", unique_name("nope"), server=anchor), 6, "NOT_FOUND")
+    refused(ferryman("get", unique_name("nope"), server=anchor), 7, "NOT_FOUND")
+    refused(ferryman("delete", unique_name("nope"), server=anchor), 7, "NOT_FOUND")
     refused(
         ferryman("create", "--name", unique_name("f"), "--source", "elsewhere", "--target", "dst", server=anchor),
         2,
@@ -243,7 +243,7 @@ def test_refusals_name_the_field_and_the_cycle(
                 f"dst -> src (flow {back}, identity) -> dst (flow ",
             )
             assert "cycle" in line
-            refused(ferryman("get", back, server=rev), 6)
+            refused(ferryman("get", back, server=rev), 7, "NOT_FOUND")
         finally:
             rev_deduper.stop()
     finally:

@@ -70,6 +70,11 @@ class TestServicer(control_pb2_grpc.DeduperServiceServicer, control_pb2_grpc.Con
         span_id = trace.get_current_span().get_span_context().span_id
         return control_pb2.GetDeduperStatusResponse(deduper_id=f"{span_id:016x}", flow="test-flow")
 
+    def TranslateOffsets(  # noqa: N802
+        self, request: control_pb2.TranslateOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.TranslateOffsetsResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not part of these tests")
+
     def Connect(  # noqa: N802
         self, request_iterator: Iterator[control_pb2.ConnectRequest], context: grpc.ServicerContext
     ) -> Iterator[control_pb2.ConnectResponse]:

@@ -51,16 +51,16 @@ def test_defaults_are_the_yaml_defaults_and_round_trip() -> None:
 def test_a_refused_value_names_its_field(flow: flows_pb2.Flow, field: str) -> None:
     with pytest.raises(FlowFieldError) as info:
         to_config(flow)
-    assert info.value.field_name == field
+    assert info.value.field == field
 
 
 def test_aliases_must_be_known_and_the_target_the_store_cluster() -> None:
     with pytest.raises(FlowFieldError, match="unknown cluster alias 'x'") as info:
         check_aliases(to_config(_flow(source_alias="x")), {"a", "b"}, "b")
-    assert info.value.field_name == "source_alias"
+    assert info.value.field == "source_alias"
     with pytest.raises(FlowFieldError) as info:
         check_aliases(to_config(_flow(target_alias="a")), {"a", "b"}, "b")
-    assert info.value.field_name == "target_alias"
+    assert info.value.field == "target_alias"
 
 
 def test_mask_takes_only_the_named_fields() -> None:
@@ -70,7 +70,7 @@ def test_mask_takes_only_the_named_fields() -> None:
     assert list(out.topics) == ["t2", "t3"] and not out.paused
     with pytest.raises(FlowFieldError, match="unknown field path") as info:
         merged(current, patch, field_mask_pb2.FieldMask(paths=["nope"]))
-    assert info.value.field_name == "update_mask"
+    assert info.value.field == "update_mask"
     with pytest.raises(FlowFieldError, match="output only"):
         merged(current, patch, field_mask_pb2.FieldMask(paths=["etag"]))
 
@@ -79,13 +79,13 @@ def test_immutable_and_not_live_fields_are_refused_naming_them() -> None:
     before = to_config(_flow())
     with pytest.raises(FlowFieldError) as info:
         check_change(before, to_config(_flow(staging_partitions=3)))
-    assert info.value.field_name == "staging_partitions"
+    assert info.value.field == "staging_partitions"
     with pytest.raises(FlowFieldError) as info:
         check_change(before, to_config(_flow(target_alias="c")))
-    assert info.value.field_name == "target_alias"
+    assert info.value.field == "target_alias"
     with pytest.raises(FlowNotLiveError) as live:
         check_change(before, to_config(_flow(exactly_once=False)))
-    assert live.value.field_name == "exactly_once"
+    assert live.value.field == "exactly_once"
     check_change(before, to_config(_flow(topics=["x"], paused=True, naming=flows_pb2.Naming(renames={"a": "b"}))))
 
 

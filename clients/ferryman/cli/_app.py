@@ -7,18 +7,20 @@ from collections.abc import Sequence
 
 import typer
 
-from ferryman.cli import _audit, _flows, _status
+from ferryman.cli import _audit, _flows, _offsets, _status
 from ferryman.cli._common import EXIT_USAGE, fail
 
 app = typer.Typer(
     name="ferryman",
     help="Operate Ferryman flows: exactly-once replication of Kafka topics between clusters.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell): commands, options, values.
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(_audit.group, name="audit")
 app.add_typer(_flows.group, name="flows")
+app.add_typer(_offsets.group, name="offsets")
 app.command("status")(_status.status)
 app.command("lag")(_status.lag)
 

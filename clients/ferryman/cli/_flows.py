@@ -3,59 +3,39 @@
 Flows are given as in the configuration file (the same keys: ``name``, ``source``, ``target``,
 ``topics``, ``naming``, ...); ``apply -f FILE`` takes a configuration file (its ``flows:``), a
 list of flows or one flow, and makes the store match it: missing flows are created, changed ones
-updated (against the etag just read), equal ones left alone. Exit codes beyond the CLI's common
-ones (2: a value refused, 4: no answer, 5: credentials refused): 6 no such flow, 7 the flow exists,
-8 it changed meanwhile (stale etag), 9 refused in the current state (not live-changeable, a cycle).
+updated (against the etag just read), equal ones left alone. Connection options and exit statuses
+are those of every command (`ferryman.cli._connection`, ``EXIT_*`` in `ferryman.cli._common`):
+2 a value refused (naming the field), 7 no such flow, 9 refused in the current state (not
+live-changeable, a cycle), 10 the flow exists, 11 it changed meanwhile (stale etag).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
-from google.protobuf import json_format
-from rich.console import Console
 from rich.table import Table
 
-from ferryman.admin import (
-    AdminError,
-    AlreadyExistsError,
-    AuthenticationError,
-    ConflictError,
-    FerrymanAdmin,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    PreconditionError,
-    ServiceUnavailableError,
-)
-from ferryman.cli._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
-from ferryman.cli._status import (
-    EXIT_DENIED,
-    EXIT_UNAVAILABLE,
+from ferryman.admin import FLOW_TIMEOUT_S, FerrymanAdmin, ResourceNotFoundError
+from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
+from ferryman.cli._connection import (
     CaOption,
     CertOption,
     KeyOption,
-    OutputOption,
+    ServerNameOption,
     ServerOption,
+    TimeoutOption,
     TokenOption,
-    _rpc,
+    connect_or_fail,
 )
+from ferryman.cli._status import OUTPUTS, OutputOption, as_dict, emit
 from ferryman.config import FlowConfig, validated
 from ferryman.errors import ConfigError
 from ferryman.flows import to_config, to_proto
 from ferryman.v1 import flows_pb2
-
-EXIT_NOT_FOUND = 6
-EXIT_EXISTS = 7
-EXIT_CONFLICT = 8
-EXIT_PRECONDITION = 9
-
-_OUTPUTS = ("table", "json", "yaml")
 
 group = typer.Typer(
     help="Replication flows of a destination cluster (served by its dedupers): list, create, change, pause.",
@@ -63,11 +43,8 @@ group = typer.Typer(
 )
 
 NameArg = Annotated[str, typer.Argument(help="Flow name.", show_default=False)]
-TimeoutOption = Annotated[
-    float | None, typer.Option("--timeout", help="Deadline of the call in seconds (default 30).", show_default=False)
-]
 EtagOption = Annotated[
-    str, typer.Option("--etag", help="Only if the flow still has this etag (from get); else exit 8.")
+    str, typer.Option("--etag", help="Only if the flow still has this etag (from get); else exit 11.")
 ]
 TopicOption = Annotated[
     list[str] | None, typer.Option("--topic", help="Topic regex to replicate (repeat; replaces the list).")
@@ -83,76 +60,48 @@ ConfigExcludeOption = Annotated[
     typer.Option("--config-exclude", help="Topic-config regex not copied to created topics (repeat)."),
 ]
 
-
-class _Conn:
-    """The server and credentials options every command takes."""
-
-    def __init__(
-        self,
-        *,
-        server: str,
-        token: str | None,
-        ca_file: Path | None,
-        cert_file: Path | None,
-        key_file: Path | None,
-        timeout_s: float | None,
-        output: str,
-    ) -> None:
-        self.server, self.timeout_s, self.output = server, timeout_s, output
-        self.rpc = _rpc(token, ca_file, cert_file, key_file)
-
-    def admin(self) -> FerrymanAdmin:
-        return FerrymanAdmin(self.server, self.rpc)
+#: What a command shows: data for json/yaml and the table for a terminal.
+_View = tuple[Any, Table]
 
 
-def _run(conn: Callable[[], _Conn], action: Callable[[_Conn, FerrymanAdmin], int]) -> int:
-    """Run action, turning every refusal into one line and its exit code."""
+def _run(options: Mapping[str, Any], action: Callable[[FerrymanAdmin, float], _View]) -> int:
+    """action(admin, deadline) on a client of --server; its view printed, or one line and the exit status."""
+    output = options["output"]
+    if output not in OUTPUTS:
+        return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
+    connection = connect_or_fail(
+        options["server"],
+        token=options["token"],
+        ca_file=options["ca_file"],
+        cert_file=options["cert_file"],
+        key_file=options["key_file"],
+        server_name=options["server_name"],
+        timeout_s=options["timeout_s"],
+    )
+    if isinstance(connection, int):
+        return connection
     try:
-        c = conn()
-        if c.output not in _OUTPUTS:
-            return fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {c.output!r}", EXIT_USAGE)
-        with c.admin() as admin:
-            return action(c, admin)
-    except ConfigError as exc:
+        view = connection.call(lambda admin: action(admin, connection.timeout_s))
+    except ConfigError as exc:  # a flow file or option refused before anything was sent
         return fail(str(exc), EXIT_USAGE)
-    except ServiceUnavailableError as exc:
-        return fail(f"no answer: {exc}", EXIT_UNAVAILABLE)
-    except (AuthenticationError, PermissionDeniedError) as exc:
-        return fail(f"refused: {exc}", EXIT_DENIED)
-    except InvalidArgumentError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    except NotFoundError as exc:
-        return fail(str(exc), EXIT_NOT_FOUND)
-    except AlreadyExistsError as exc:
-        return fail(str(exc), EXIT_EXISTS)
-    except ConflictError as exc:
-        return fail(str(exc), EXIT_CONFLICT)
-    except PreconditionError as exc:
-        return fail(str(exc), EXIT_PRECONDITION)
-    except AdminError as exc:
-        return fail(str(exc), EXIT_FAILED)
+    if isinstance(view, int):
+        return view
+    emit(output, *view)
+    return EXIT_OK
 
 
-def _as_dict(flow: flows_pb2.Flow) -> dict[str, Any]:
-    return json_format.MessageToDict(flow, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+def _kw(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection and output options among a command's arguments."""
+    names = ("server", "token", "ca_file", "cert_file", "key_file", "server_name", "timeout_s", "output")
+    return {n: scope[n] for n in names}
 
 
-def _emit(output: str, data: Any, table: Table) -> None:
-    if output == "json":
-        print(json.dumps(data, indent=2))
-    elif output == "yaml":
-        print(yaml.safe_dump(data, sort_keys=False), end="")
-    else:
-        Console(soft_wrap=True).print(table)
-
-
-def _show(output: str, flow: flows_pb2.Flow) -> int:
-    data = _as_dict(flow)
+def _view(flow: flows_pb2.Flow) -> _View:
+    data = as_dict(flow)
     table = Table("field", "value", title=f"flow {flow.name}", title_justify="left")
     for key, value in data.items():
         table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
-    _emit(output, data, table)
-    return EXIT_OK
+    return data, table
 
 
 def _summary_table(flows: list[flows_pb2.Flow], title: str) -> Table:
@@ -195,10 +144,6 @@ def _checked(values: Mapping[str, Any], at: str) -> FlowConfig:
     return validated(FlowConfig, values, at=(at,))
 
 
-def _conn_factory(**kw: Any) -> Callable[[], _Conn]:
-    return lambda: _Conn(**kw)
-
-
 @group.command("list")
 def list_flows(
     *,
@@ -208,16 +153,16 @@ def list_flows(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """List the flows stored in the destination cluster of the deduper at --server."""
 
-    def action(c: _Conn, admin: FerrymanAdmin) -> int:
-        flows = admin.list_flows(timeout_s=c.timeout_s)
-        _emit(c.output, [_as_dict(f) for f in flows], _summary_table(flows, f"flows at {c.server}"))
-        return EXIT_OK
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        flows = admin.list_flows(timeout_s=timeout_s)
+        return [as_dict(f) for f in flows], _summary_table(flows, f"flows at {server}")
 
-    return _run(_conn_factory(**_kw(locals())), action)
+    return _run(_kw(locals()), action)
 
 
 @group.command("get")
@@ -230,10 +175,11 @@ def get(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Show one flow with its etag and version."""
-    return _run(_conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.get_flow(name, timeout_s=c.timeout_s)))
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.get_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("create")
@@ -256,11 +202,12 @@ def create(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Create a flow from --file or from options (--topic, --exclude and --rename SRC=DST repeat)."""
 
-    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         values: dict[str, Any] = {}
         if file is not None:
             items = _flow_values(file)
@@ -275,9 +222,9 @@ def create(
         if paused:
             values["paused"] = True
         flow = to_proto(_checked(values, "flow"))
-        return _show(c.output, admin.create_flow(flow, timeout_s=c.timeout_s))
+        return _view(admin.create_flow(flow, timeout_s=timeout_s))
 
-    return _run(_conn_factory(**_kw(locals())), action)
+    return _run(_kw(locals()), action)
 
 
 @group.command("update")
@@ -299,11 +246,12 @@ def update(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Change a flow's live fields: only those given (--topic/--exclude/--rename/--config-exclude replace lists)."""
 
-    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         patch = flows_pb2.Flow(name=name)
         paths: list[str] = []
         if topic is not None:
@@ -327,9 +275,9 @@ def update(
             paths.append("topic_refresh_interval_ms")
         if not paths:
             raise ConfigError("nothing to change: give at least one of the options (see --help)")
-        return _show(c.output, admin.update_flow(patch, paths, etag=etag, timeout_s=c.timeout_s))
+        return _view(admin.update_flow(patch, paths, etag=etag, timeout_s=timeout_s))
 
-    return _run(_conn_factory(**_kw(locals())), action)
+    return _run(_kw(locals()), action)
 
 
 @group.command("delete")
@@ -343,16 +291,16 @@ def delete(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Delete a flow: its wrappers stop reading and its services report NOT_SERVING until it is back."""
 
-    def action(c: _Conn, admin: FerrymanAdmin) -> int:
-        admin.delete_flow(name, etag=etag, timeout_s=c.timeout_s)
-        _emit(c.output, {"deleted": name}, Table("deleted", title=name))
-        return EXIT_OK
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        admin.delete_flow(name, etag=etag, timeout_s=timeout_s)
+        return {"deleted": name}, Table("deleted", title=name)
 
-    return _run(_conn_factory(**_kw(locals())), action)
+    return _run(_kw(locals()), action)
 
 
 @group.command("pause")
@@ -365,10 +313,11 @@ def pause(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Pause a flow: its wrappers stop reading the source (what is in flight is still committed)."""
-    return _run(_conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.pause_flow(name, timeout_s=c.timeout_s)))
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.pause_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("resume")
@@ -381,12 +330,11 @@ def resume(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Resume a paused flow."""
-    return _run(
-        _conn_factory(**_kw(locals())), lambda c, a: _show(c.output, a.resume_flow(name, timeout_s=c.timeout_s))
-    )
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.resume_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("apply")
@@ -399,23 +347,24 @@ def apply(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
-    timeout_s: TimeoutOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
 ) -> int:
     """Make the stored flows match the file: create missing, update changed, leave equal ones (idempotent).
 
     A flow's pause state is kept unless the file sets ``paused``; flows not in the file are left alone.
     """
 
-    def action(c: _Conn, admin: FerrymanAdmin) -> int:
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         items = _flow_values(file)
         wanted = [(i, _checked(v, f"flows.{i}")) for i, v in enumerate(items)]
         rows: list[dict[str, str]] = []
         for i, config in wanted:
             flow = to_proto(config)
             try:
-                stored = admin.get_flow(config.name, timeout_s=c.timeout_s)
-            except NotFoundError:
-                created = admin.create_flow(flow, timeout_s=c.timeout_s)
+                stored = admin.get_flow(config.name, timeout_s=timeout_s)
+            except ResourceNotFoundError:
+                created = admin.create_flow(flow, timeout_s=timeout_s)
                 rows.append({"flow": config.name, "action": "created", "etag": created.etag})
                 continue
             if "paused" not in items[i]:
@@ -423,21 +372,14 @@ def apply(
             if to_config(stored) == to_config(flow):
                 rows.append({"flow": config.name, "action": "unchanged", "etag": stored.etag})
                 continue
-            updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=c.timeout_s)
+            updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=timeout_s)
             rows.append({"flow": config.name, "action": "updated", "etag": updated.etag})
         table = Table("flow", "action", "etag", title=f"apply {file}", title_justify="left")
         for row in rows:
             table.add_row(row["flow"], row["action"], row["etag"])
-        _emit(c.output, rows, table)
-        return EXIT_OK
+        return rows, table
 
-    return _run(_conn_factory(**_kw(locals())), action)
-
-
-def _kw(scope: Mapping[str, Any]) -> dict[str, Any]:
-    """The connection options among a command's arguments."""
-    names = ("server", "token", "ca_file", "cert_file", "key_file", "timeout_s", "output")
-    return {n: scope[n] for n in names}
+    return _run(_kw(locals()), action)
 
 
 def _renames(pairs: list[str]) -> dict[str, str]:

@@ -1,14 +1,13 @@
 """``ferryman status`` and ``ferryman lag``: what a running wrapper or deduper reports, over gRPC.
 
 Both ask the service at ``--server`` through `ferryman.admin.FerrymanAdmin` (whichever role
-answers) and print a table, JSON or YAML. Exit codes beyond the CLI's common ones: 4 when
-the server does not answer, 5 when it refuses the credentials.
+answers) and print a table, JSON or YAML. Exit statuses: see ``ferryman.cli._common``.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -18,114 +17,61 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from ferryman.admin import (
-    DEFAULT_TIMEOUT_S,
-    AdminError,
-    AuthenticationError,
-    FerrymanAdmin,
-    PermissionDeniedError,
-    ServiceStatus,
-    ServiceUnavailableError,
+from ferryman.admin import DEFAULT_TIMEOUT_S, FerrymanAdmin, ServiceStatus
+from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
+from ferryman.cli._connection import (
+    CaOption,
+    CertOption,
+    Connection,
+    KeyOption,
+    ServerNameOption,
+    ServerOption,
+    TimeoutOption,
+    TokenOption,
+    connect_or_fail,
 )
-from ferryman.cli._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
-from ferryman.config import RpcConfig, validated
-from ferryman.errors import ConfigError
 
-#: The server did not answer (not listening, unreachable, deadline passed).
-EXIT_UNAVAILABLE = 4
-#: The server refused the credentials (no or a wrong token, a role without the right).
-EXIT_DENIED = 5
+OUTPUTS = ("table", "json", "yaml")
+#: Table width when stdout is no terminal (a table is as wide as its content, up to this).
+_PIPED_WIDTH = 1000
 
-_OUTPUTS = ("table", "json", "yaml")
-
-ServerOption = Annotated[
-    str,
-    typer.Option(
-        "--server", "-s", envvar="FERRYMAN_SERVER", help="host:port of a wrapper or deduper (env FERRYMAN_SERVER)."
-    ),
-]
-TokenOption = Annotated[
-    str | None,
-    typer.Option("--token", envvar="FERRYMAN_TOKEN", help="Bearer token (env FERRYMAN_TOKEN).", show_default=False),
-]
-CaOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--ca-file",
-        envvar="FERRYMAN_CA_FILE",
-        help="PEM CA bundle: use TLS (env FERRYMAN_CA_FILE).",
-        show_default=False,
-    ),
-]
-CertOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--cert-file", envvar="FERRYMAN_CERT_FILE", help="PEM client certificate for mutual TLS.", show_default=False
-    ),
-]
-KeyOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--key-file", envvar="FERRYMAN_KEY_FILE", help="PEM key of the client certificate.", show_default=False
-    ),
-]
-TimeoutOption = Annotated[float, typer.Option("--timeout", help="Deadline of the call in seconds, retries included.")]
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")]
 
 
-def _rpc(token: str | None, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> RpcConfig:
-    tls = {k: str(v) for k, v in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)) if v}
-    data: dict[str, Any] = {"tls": tls}
-    if token:
-        data["auth_token"] = token
-    return validated(RpcConfig, data)
-
-
-def _fetch(server: str, rpc: RpcConfig, timeout_s: float) -> ServiceStatus:
-    """The service's status.
-
-    Raises:
-        AdminError: the call failed.
-    """
-    with FerrymanAdmin(server, rpc, timeout_s=timeout_s) as admin:
-        return admin.service_status()
-
-
-def _as_dict(message: Message) -> dict[str, Any]:
+def as_dict(message: Message) -> dict[str, Any]:
+    """The message as JSON-ready data: proto field names, every field shown."""
     return json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
 
 
-def _emit(output: str, data: dict[str, Any], table: Table) -> None:
+def emit(output: str, data: Any, table: Table) -> None:
+    """Print data as JSON or YAML, or table, as output says."""
     if output == "json":
         print(json.dumps(data, indent=2, sort_keys=False))
     elif output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
-        Console(soft_wrap=True).print(table)
+        # Piped, nothing is cut to 80 columns: a script greps whole names.
+        width = None if sys.stdout.isatty() else _PIPED_WIDTH
+        Console(soft_wrap=True, width=width).print(table)
 
 
-def _run(server: str, rpc: RpcConfig, timeout_s: float, output: str, render: Any) -> int:
-    if output not in _OUTPUTS:
-        return fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {output!r}", EXIT_USAGE)
-    try:
-        status = _fetch(server, rpc, timeout_s)
-    except ServiceUnavailableError as exc:
-        return fail(f"no answer from {server}: {exc}", EXIT_UNAVAILABLE)
-    except (AuthenticationError, PermissionDeniedError) as exc:
-        return fail(f"{server} refused the call: {exc}", EXIT_DENIED)
-    except AdminError as exc:
-        return fail(f"{server}: {exc}", EXIT_FAILED)
+def _run(connection: Connection, output: str, render: Any) -> int:
+    if output not in OUTPUTS:
+        return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
+    status = connection.call(FerrymanAdmin.service_status)
+    if isinstance(status, int):
+        return status
     data, table = render(status)
-    _emit(output, data, table)
+    emit(output, data, table)
     return EXIT_OK
 
 
 def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
     message: Message | None = status.wrapper if status.role == "wrapper" else status.deduper
     assert message is not None  # service_status fills the one of its role
-    data = {"role": status.role, **_as_dict(message)}
+    data = {"role": status.role, **as_dict(message)}
     table = Table("field", "value", title=f"{status.role} status", title_justify="left")
     for key, value in data.items():
         # Lists of messages (partitions, watermarks) are counted here; `ferryman lag` shows them.
@@ -141,7 +87,13 @@ def _lag_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
     if status.deduper is not None:
         ident = status.deduper.deduper_id
         rows.extend(
-            {"topic": d.topic, "partition": d.partition, "watermark": d.watermark, "lag": d.lag}
+            {
+                "topic": d.topic,
+                "partition": d.partition,
+                "log_end_offset": d.log_end_offset,
+                "watermark": d.watermark,
+                "lag": d.lag,
+            }
             for d in status.deduper.partitions
         )
     else:
@@ -177,14 +129,20 @@ def status(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
     timeout_s: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> int:
     """Show the status of the wrapper or deduper at --server: identity, counters, control link, health."""
-    try:
-        rpc = _rpc(token, ca_file, cert_file, key_file)
-    except ConfigError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    return _run(server, rpc, timeout_s, output, _status_view)
+    connection = connect_or_fail(
+        server,
+        token=token,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        server_name=server_name,
+        timeout_s=timeout_s,
+    )
+    return connection if isinstance(connection, int) else _run(connection, output, _status_view)
 
 
 def lag(
@@ -195,11 +153,17 @@ def lag(
     ca_file: CaOption = None,
     cert_file: CertOption = None,
     key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
     timeout_s: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> int:
     """Show per-partition lag at --server: committed watermark and records behind the source log end."""
-    try:
-        rpc = _rpc(token, ca_file, cert_file, key_file)
-    except ConfigError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    return _run(server, rpc, timeout_s, output, _lag_view)
+    connection = connect_or_fail(
+        server,
+        token=token,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        server_name=server_name,
+        timeout_s=timeout_s,
+    )
+    return connection if isinstance(connection, int) else _run(connection, output, _lag_view)

@@ -52,7 +52,7 @@ def seed_and_check(registry: FlowRegistry, flow: FlowConfig) -> FlowConfig:
     except (FlowFieldError, FlowNotLiveError) as exc:
         raise ConfigError(
             f"flow {flow.name!r} in the flow store of cluster {registry.store_alias!r} differs from the "
-            f"configuration in {exc.field_name}, which cannot change on a running flow; the store wins: "
+            f"configuration in {exc.field}, which cannot change on a running flow; the store wins: "
             "make the file match, or delete the flow (ferryman flows delete) and start again"
         ) from exc
     if stored != flow:
@@ -80,7 +80,7 @@ def stored_or(store: FlowStore, flow: FlowConfig) -> FlowConfig:
     except (FlowFieldError, FlowNotLiveError) as exc:
         raise ConfigError(
             f"flow {flow.name!r} in the flow store of cluster {store.alias!r} differs from the configuration in "
-            f"{exc.field_name}, which cannot change on a running flow; the store wins: make the file match"
+            f"{exc.field}, which cannot change on a running flow; the store wins: make the file match"
         ) from exc
     return config
 

@@ -95,7 +95,7 @@ def to_config(flow: flows_pb2.Flow) -> FlowConfig:
     """The `FlowConfig` of flow, checked as a flow of the configuration file is.
 
     Raises:
-        FlowFieldError: a field's value is refused; its ``field_name`` is the Flow field.
+        FlowFieldError: a field's value is refused; its ``field`` is the Flow field.
     """
     try:
         return validated(FlowConfig, _flow_values(flow))

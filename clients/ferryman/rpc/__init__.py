@@ -2,7 +2,7 @@
 
 Servers (`build_server`) come with health checking, reflection, TLS or mutual
 TLS, and explicit interceptors (`default_server_interceptors`: error mapping to
-precise status codes with ``google.rpc.ErrorInfo`` details, bearer-token auth,
+precise status codes with ``google.rpc.ErrorInfo`` details, bearer-token auth with roles (`required_role`),
 OpenTelemetry tracing). Channels (`open_channel`) carry TLS, the token and the
 W3C trace context. Client-side errors are translated once, with `rpc_error_from`.
 """
@@ -19,12 +19,12 @@ from ferryman.rpc._errors import (
     to_status,
 )
 from ferryman.rpc._interceptors import (
-    OPEN_METHOD_PREFIXES,
     AuthInterceptor,
     ErrorMappingInterceptor,
     TracingInterceptor,
     default_server_interceptors,
 )
+from ferryman.rpc._roles import OPEN_METHOD_PREFIXES, READ_PREFIXES, required_role
 from ferryman.rpc._server import RpcServer, build_server
 from ferryman.rpc._serving import GRPC_GRACE_S, serving
 
@@ -34,6 +34,7 @@ __all__ = [
     "GRPC_GRACE_S",
     "MAX_MESSAGE_BYTES",
     "OPEN_METHOD_PREFIXES",
+    "READ_PREFIXES",
     "AuthInterceptor",
     "ErrorMappingInterceptor",
     "IncompatiblePeerError",
@@ -45,6 +46,7 @@ __all__ = [
     "default_server_interceptors",
     "error_reason",
     "open_channel",
+    "required_role",
     "rpc_error_from",
     "serving",
     "status_code_for",

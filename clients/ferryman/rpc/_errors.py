@@ -13,19 +13,17 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ferryman.errors import (
+    AlreadyExistsError,
     ConfigError,
+    ConflictError,
     EnvelopeError,
     FencedError,
     FerrymanError,
-    FlowCycleError,
-    FlowExistsError,
-    FlowFieldError,
-    FlowNotFoundError,
-    FlowNotLiveError,
-    FlowStoreBusyError,
+    InvalidRequestError,
     KafkaOperationError,
+    NotFoundError,
+    PreconditionError,
     SourceDataLostError,
-    StaleEtagError,
     TopicShapeError,
 )
 
@@ -74,14 +72,12 @@ class RpcError(FerrymanError):
 #: Most specific first: the first matching class decides.
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IncompatiblePeerError, grpc.StatusCode.FAILED_PRECONDITION),
-    (FlowFieldError, grpc.StatusCode.INVALID_ARGUMENT),
-    (FlowNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (FlowExistsError, grpc.StatusCode.ALREADY_EXISTS),
-    (StaleEtagError, grpc.StatusCode.ABORTED),
-    (FlowStoreBusyError, grpc.StatusCode.ABORTED),
-    (FlowNotLiveError, grpc.StatusCode.FAILED_PRECONDITION),
-    (FlowCycleError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (ConflictError, grpc.StatusCode.ABORTED),
     (EnvelopeError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicShapeError, grpc.StatusCode.FAILED_PRECONDITION),
     (FencedError, grpc.StatusCode.ABORTED),
@@ -112,10 +108,10 @@ def error_reason(exc: BaseException) -> str:
 
 def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
-    if isinstance(exc, (FlowFieldError, FlowNotLiveError)):
-        metadata["field"] = exc.field_name
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
+    elif isinstance(exc, (InvalidRequestError, PreconditionError)) and exc.field:
+        metadata["field"] = exc.field
     elif isinstance(exc, RpcError):
         metadata["peer_code"] = exc.code.name
         if exc.reason:

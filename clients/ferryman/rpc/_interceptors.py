@@ -31,30 +31,27 @@ import abc
 import hmac
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from ferryman.config import RpcConfig, SecretStr
+from ferryman.config import ApiToken, RpcConfig, SecretStr, TokenRole
 from ferryman.errors import ConfigError
-from ferryman.rpc._errors import abort_with, status_code_for
+from ferryman.rpc._errors import ERROR_DOMAIN, abort_with, status_code_for
+from ferryman.rpc._roles import ALL_ROLES, grants, is_open, required_role
 
 _log = logging.getLogger(__name__)
 
 _Behavior = Callable[..., Any]
 _Continuation = Callable[[grpc.HandlerCallDetails], "grpc.RpcMethodHandler[Any, Any] | None"]
-
-#: Methods open without a token: orchestrators probe health and tools discover
-#: the API without holding the secret; neither reveals replicated data or state.
-OPEN_METHOD_PREFIXES: tuple[str, ...] = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
 
 #: Codes that mark a SERVER span as failed (OpenTelemetry RPC semantic
 #: conventions): the server's fault, not the caller's.
@@ -200,53 +197,104 @@ class ErrorMappingInterceptor(_BehaviorInterceptor):
 # -- server side: auth -------------------------------------------------------------------------------------------
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` metadata on every call; UNAUTHENTICATED otherwise.
+@dataclass(frozen=True)
+class _Credential:
+    name: str
+    secret: bytes
+    roles: frozenset[TokenRole]
 
-    Health checking (``/grpc.health.v1.Health/``) and server reflection stay
-    open (see `OPEN_METHOD_PREFIXES`) so that orchestrators can probe a server
-    without the secret. The token is compared in constant time. A refused call
-    never reaches its handler (nor the interceptors after this one).
+
+def _refusal(code: grpc.StatusCode, message: str, reason: str, metadata: Mapping[str, str]) -> grpc.Status:
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=dict(metadata)))
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[detail]))
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Checks ``authorization: Bearer <token>`` metadata and the role the method needs.
+
+    No token, or one the server does not know: UNAUTHENTICATED (``ErrorInfo`` reason
+    ``MISSING_TOKEN``, ``MALFORMED_TOKEN`` or ``INVALID_TOKEN``). A known token whose
+    role does not cover the method (`required_role`): PERMISSION_DENIED (reason
+    ``ROLE_NOT_ALLOWED``, metadata ``method``, ``required_role``, ``token_role`` and
+    ``token``, the token's name, never its secret). Health checking and server
+    reflection stay open (`OPEN_METHOD_PREFIXES`). Tokens are compared in constant
+    time, each against every known one. A refused call never reaches its handler
+    (nor the interceptors after this one).
     """
 
-    def __init__(self, token: str | SecretStr) -> None:
-        secret = token.get_secret_value() if isinstance(token, SecretStr) else token
-        if not secret:
-            raise ConfigError("rpc.auth_token must not be empty (leave it unset to disable auth)")
-        self._token = secret.encode()
+    def __init__(self, token: str | SecretStr | None = None, tokens: Mapping[str, ApiToken] | None = None) -> None:
+        """Accept token (every role; ``rpc.auth_token``) and the named tokens (their own role).
+
+        Raises:
+            ConfigError: a secret is empty, or no token at all is given.
+        """
+        credentials: list[_Credential] = []
+        if token is not None:
+            secret = token.get_secret_value() if isinstance(token, SecretStr) else token
+            if not secret:
+                raise ConfigError("rpc.auth_token must not be empty (leave it unset to disable auth)")
+            credentials.append(_Credential("auth_token", secret.encode(), ALL_ROLES))
+        for name, api_token in (tokens or {}).items():
+            secret = api_token.secret.get_secret_value()
+            if not secret:
+                raise ConfigError(f"rpc.tokens.{name}.secret must not be empty")
+            credentials.append(_Credential(name, secret.encode(), grants(api_token.role)))
+        if not credentials:
+            raise ConfigError("token auth needs rpc.auth_token or rpc.tokens")
+        self._credentials = tuple(credentials)
 
     def intercept_service(
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        """Continue down the chain if the call is open or carries the token; refuse it otherwise."""
+        """Continue down the chain if the call is open or its token may make it; refuse it otherwise."""
         method = handler_call_details.method
-        if method.startswith(OPEN_METHOD_PREFIXES):
+        if is_open(method):
             return continuation(handler_call_details)
-        problem = self._problem(handler_call_details.invocation_metadata or ())
-        if problem is None:
+        refusal = self._refusal(method, handler_call_details.invocation_metadata or ())
+        if refusal is None:
             return continuation(handler_call_details)
-        _log.warning("refused %s: %s", method, problem)
+        _log.warning("refused %s: %s", method, refusal.details)
 
         def refuse(request: Any, context: grpc.ServicerContext) -> NoReturn:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+            context.abort_with_status(refusal)
+            raise AssertionError("abort_with_status returned")  # it raises; this satisfies NoReturn
 
         # Stream-stream whatever the method's shape: the server then reads
         # nothing before the handler runs, and the wire is the same for all shapes.
         return grpc.stream_stream_rpc_method_handler(refuse)
 
-    def _problem(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+    def _refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]]) -> grpc.Status | None:
+        unauthenticated = grpc.StatusCode.UNAUTHENTICATED
+        about = {"method": method}
         for key, value in metadata:
             if key != "authorization":
                 continue
             if isinstance(value, bytes):
-                return "malformed authorization metadata"
+                return _refusal(unauthenticated, "malformed authorization metadata", "MALFORMED_TOKEN", about)
             scheme, _, given = value.strip().partition(" ")
             if scheme.lower() != "bearer":
-                return "authorization metadata must use the Bearer scheme"
-            if hmac.compare_digest(given.strip().encode(), self._token):
+                message = "authorization metadata must use the Bearer scheme"
+                return _refusal(unauthenticated, message, "MALFORMED_TOKEN", about)
+            credential = self._match(given.strip().encode())
+            if credential is None:
+                return _refusal(unauthenticated, "invalid bearer token", "INVALID_TOKEN", about)
+            needed = required_role(method)
+            if needed in credential.roles:
                 return None
-            return "wrong bearer token"
-        return "missing bearer token (authorization metadata)"
+            held = "admin" if "admin" in credential.roles else ",".join(sorted(credential.roles))
+            message = f"{method} needs the {needed} role; token {credential.name!r} has {held}"
+            metadata_out = {**about, "required_role": needed, "token_role": held, "token": credential.name}
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, message, "ROLE_NOT_ALLOWED", metadata_out)
+        message = "missing bearer token (authorization metadata)"
+        return _refusal(unauthenticated, message, "MISSING_TOKEN", about)
+
+    def _match(self, given: bytes) -> _Credential | None:
+        found = None
+        for credential in self._credentials:  # every one compared: the time does not tell which matched
+            if hmac.compare_digest(given, credential.secret):
+                found = credential
+        return found
 
 
 # -- server side: tracing ----------------------------------------------------------------------------------------
@@ -384,17 +432,17 @@ def default_server_interceptors(
 
     1. error mapping: outermost, so that nothing, not even a fault in another
        interceptor, reaches a client as ``UNKNOWN``;
-    2. auth, only when ``rpc.auth_token`` is set: before tracing, so an
+    2. auth, only when ``rpc.auth_token`` or ``rpc.tokens`` is set: before tracing, so an
        unauthenticated caller neither creates spans nor picks their parent;
     3. tracing: around the handler itself.
 
     Args:
-        rpc: Shared gRPC settings (the token).
+        rpc: Shared gRPC settings (the tokens).
         tracer_provider: Where spans go; the global provider when None.
     """
     interceptors: list[grpc.ServerInterceptor] = [ErrorMappingInterceptor()]
-    if rpc.auth_token is not None:
-        interceptors.append(AuthInterceptor(rpc.auth_token))
+    if rpc.auth_enabled:
+        interceptors.append(AuthInterceptor(rpc.auth_token, rpc.tokens))
     interceptors.append(TracingInterceptor(tracer_provider))
     return interceptors
 

@@ -302,6 +302,7 @@ class PartitionWatermark(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     WATERMARK_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """Source topic."""
     partition: _builtins.int
@@ -310,6 +311,10 @@ class PartitionWatermark(_message.Message):
     """Highest source offset committed at the destination, -1 if none."""
     lag: _builtins.int
     """Source log-end offset last reported minus the watermark, -1 if unknown."""
+    log_end_offset: _builtins.int
+    """Source log-end offset (next offset to be written) last reported by the
+    wrappers, -1 if unknown.
+    """
     def __init__(
         self,
         *,
@@ -317,10 +322,11 @@ class PartitionWatermark(_message.Message):
         partition: _builtins.int = ...,
         watermark: _builtins.int = ...,
         lag: _builtins.int = ...,
+        log_end_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "partition", b"partition", "topic", b"topic", "watermark", b"watermark"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "log_end_offset", b"log_end_offset", "partition", b"partition", "topic", b"topic", "watermark", b"watermark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -484,6 +490,8 @@ class GetWrapperStatusResponse(_message.Message):
     WATERMARKS_FIELD_NUMBER: _builtins.int
     UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CONTROL_LINKS_FIELD_NUMBER: _builtins.int
     wrapper_id: _builtins.str
     """Wrapper identity."""
     flow: _builtins.str
@@ -510,6 +518,8 @@ class GetWrapperStatusResponse(_message.Message):
     """Staging producers replaced since start (a fatal error, or a call abandoned
     by the watchdog).
     """
+    version: _builtins.str
+    """Ferryman version of the process."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProgress]:
         """Progress of the assigned partitions."""
@@ -517,6 +527,12 @@ class GetWrapperStatusResponse(_message.Message):
     @_builtins.property
     def watermarks(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
         """Committed watermarks last received from the dedupers, with lag."""
+
+    @_builtins.property
+    def control_links(self) -> _containers.RepeatedCompositeFieldContainer[Global___ControlLinkState]:
+        """Control-service addresses of the dedupers the wrapper links to, and
+        whether each link is up.
+        """
 
     def __init__(
         self,
@@ -534,14 +550,42 @@ class GetWrapperStatusResponse(_message.Message):
         watermarks: _abc.Iterable[Global___PartitionWatermark] | None = ...,
         unavailable_reason: _builtins.str = ...,
         producer_rebuilds: _builtins.int = ...,
+        version: _builtins.str = ...,
+        control_links: _abc.Iterable[Global___ControlLinkState] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "unavailable_reason", b"unavailable_reason", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "control_links", b"control_links", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "unavailable_reason", b"unavailable_reason", "version", b"version", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetWrapperStatusResponse: _TypeAlias = GetWrapperStatusResponse  # noqa: Y015
+
+@_typing.final
+class ControlLinkState(_message.Message):
+    """ControlLinkState is one of a wrapper's control links."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """host:port of the deduper's control service."""
+    connected: _builtins.bool
+    """True while the stream is up."""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        connected: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "connected", b"connected"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlLinkState: _TypeAlias = ControlLinkState  # noqa: Y015
 
 @_typing.final
 class GetDeduperStatusRequest(_message.Message):
@@ -584,6 +628,8 @@ class GetDeduperStatusResponse(_message.Message):
     UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     PRODUCER_REBUILDS_FIELD_NUMBER: _builtins.int
     WEDGED_CALLS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ASSIGNED_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
     flow: _builtins.str
@@ -633,6 +679,8 @@ class GetDeduperStatusResponse(_message.Message):
     """Blocking producer calls that overran their deadline and were abandoned
     with their producer (ferryman.watchdog).
     """
+    version: _builtins.str
+    """Ferryman version of the process."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionWatermark]:
         """Committed watermarks and lag of owned source partitions."""
@@ -640,6 +688,10 @@ class GetDeduperStatusResponse(_message.Message):
     @_builtins.property
     def connected_wrappers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Wrappers connected over the control link."""
+
+    @_builtins.property
+    def assigned_staging_partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Staging partitions assigned to this deduper (its share of the flow)."""
 
     def __init__(
         self,
@@ -662,11 +714,85 @@ class GetDeduperStatusResponse(_message.Message):
         unavailable_reason: _builtins.str = ...,
         producer_rebuilds: _builtins.int = ...,
         wedged_calls: _builtins.int = ...,
+        version: _builtins.str = ...,
+        assigned_staging_partitions: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_staging_partitions", b"assigned_staging_partitions", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDeduperStatusResponse: _TypeAlias = GetDeduperStatusResponse  # noqa: Y015
+
+@_typing.final
+class TranslateOffsetsRequest(_message.Message):
+    """TranslateOffsetsRequest names one source position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Source topic."""
+    partition: _builtins.int
+    """Source partition (>= 0)."""
+    offset: _builtins.int
+    """Source offset (>= 0)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranslateOffsetsRequest: _TypeAlias = TranslateOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class TranslateOffsetsResponse(_message.Message):
+    """TranslateOffsetsResponse is where the record at the source position was written."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_TOPIC_FIELD_NUMBER: _builtins.int
+    SOURCE_PARTITION_FIELD_NUMBER: _builtins.int
+    SOURCE_OFFSET_FIELD_NUMBER: _builtins.int
+    DESTINATION_TOPIC_FIELD_NUMBER: _builtins.int
+    DESTINATION_PARTITION_FIELD_NUMBER: _builtins.int
+    DESTINATION_OFFSET_FIELD_NUMBER: _builtins.int
+    source_topic: _builtins.str
+    """Source topic, as asked."""
+    source_partition: _builtins.int
+    """Source partition, as asked."""
+    source_offset: _builtins.int
+    """Source offset, as asked."""
+    destination_topic: _builtins.str
+    """Destination topic the record was written to."""
+    destination_partition: _builtins.int
+    """Destination partition (the source's partition number)."""
+    destination_offset: _builtins.int
+    """Offset of the record in the destination partition."""
+    def __init__(
+        self,
+        *,
+        source_topic: _builtins.str = ...,
+        source_partition: _builtins.int = ...,
+        source_offset: _builtins.int = ...,
+        destination_topic: _builtins.str = ...,
+        destination_partition: _builtins.int = ...,
+        destination_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_offset", b"destination_offset", "destination_partition", b"destination_partition", "destination_topic", b"destination_topic", "source_offset", b"source_offset", "source_partition", b"source_partition", "source_topic", b"source_topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranslateOffsetsResponse: _TypeAlias = TranslateOffsetsResponse  # noqa: Y015

@@ -200,6 +200,11 @@ class DeduperServiceStub:
                 request_serializer=ferryman_dot_v1_dot_control__pb2.GetDeduperStatusRequest.SerializeToString,
                 response_deserializer=ferryman_dot_v1_dot_control__pb2.GetDeduperStatusResponse.FromString,
                 _registered_method=True)
+        self.TranslateOffsets = channel.unary_unary(
+                '/ferryman.v1.DeduperService/TranslateOffsets',
+                request_serializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class DeduperServiceServicer:
@@ -213,6 +218,16 @@ class DeduperServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TranslateOffsets(self, request, context):
+        """TranslateOffsets gives the destination offset of a source position, from
+        the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
+        the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
+        when the flow writes no offset map (emit_offset_mappings off).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeduperServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +235,11 @@ def add_DeduperServiceServicer_to_server(servicer, server):
                     servicer.GetDeduperStatus,
                     request_deserializer=ferryman_dot_v1_dot_control__pb2.GetDeduperStatusRequest.FromString,
                     response_serializer=ferryman_dot_v1_dot_control__pb2.GetDeduperStatusResponse.SerializeToString,
+            ),
+            'TranslateOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.TranslateOffsets,
+                    request_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -250,6 +270,33 @@ class DeduperService:
             '/ferryman.v1.DeduperService/GetDeduperStatus',
             ferryman_dot_v1_dot_control__pb2.GetDeduperStatusRequest.SerializeToString,
             ferryman_dot_v1_dot_control__pb2.GetDeduperStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TranslateOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.DeduperService/TranslateOffsets',
+            ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.SerializeToString,
+            ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -115,6 +115,12 @@ class DeduperServiceStub:
     def __new__(cls, channel: _aio.Channel) -> DeduperServiceAsyncStub: ...
     GetDeduperStatus: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetDeduperStatusRequest, _control_pb2.GetDeduperStatusResponse]
     """GetDeduperStatus reports what the deduper is doing."""
+    TranslateOffsets: _grpc.UnaryUnaryMultiCallable[_control_pb2.TranslateOffsetsRequest, _control_pb2.TranslateOffsetsResponse]
+    """TranslateOffsets gives the destination offset of a source position, from
+    the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
+    the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
+    when the flow writes no offset map (emit_offset_mappings off).
+    """
 
 @_typing.type_check_only
 class DeduperServiceAsyncStub(DeduperServiceStub):
@@ -123,6 +129,12 @@ class DeduperServiceAsyncStub(DeduperServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetDeduperStatus: _aio.UnaryUnaryMultiCallable[_control_pb2.GetDeduperStatusRequest, _control_pb2.GetDeduperStatusResponse]  # type: ignore[assignment]
     """GetDeduperStatus reports what the deduper is doing."""
+    TranslateOffsets: _aio.UnaryUnaryMultiCallable[_control_pb2.TranslateOffsetsRequest, _control_pb2.TranslateOffsetsResponse]  # type: ignore[assignment]
+    """TranslateOffsets gives the destination offset of a source position, from
+    the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
+    the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
+    when the flow writes no offset map (emit_offset_mappings off).
+    """
 
 class DeduperServiceServicer(metaclass=_abc_1.ABCMeta):
     """DeduperService is served by the deduper for operators and tools."""
@@ -134,5 +146,17 @@ class DeduperServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.GetDeduperStatusResponse, _abc.Awaitable[_control_pb2.GetDeduperStatusResponse]]:
         """GetDeduperStatus reports what the deduper is doing."""
+
+    @_abc_1.abstractmethod
+    def TranslateOffsets(
+        self,
+        request: _control_pb2.TranslateOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.TranslateOffsetsResponse, _abc.Awaitable[_control_pb2.TranslateOffsetsResponse]]:
+        """TranslateOffsets gives the destination offset of a source position, from
+        the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
+        the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
+        when the flow writes no offset map (emit_offset_mappings off).
+        """
 
 def add_DeduperServiceServicer_to_server(servicer: DeduperServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

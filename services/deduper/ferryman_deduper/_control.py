@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 import grpc
 from ferryman import protocol
 from ferryman.config import DeduperConfig
+from ferryman.errors import PreconditionError
 from ferryman.rpc import IncompatiblePeerError
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
 from ferryman_deduper._decide import PartitionState
 from ferryman_deduper._gaps import GapTracker
+from ferryman_deduper._translate import MAX_BUDGET_S, OffsetTranslator
 
 _log = logging.getLogger(__name__)
 
@@ -218,16 +220,31 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
 
 
 class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
-    """``ferryman.v1.DeduperService``: status for operators and tools."""
+    """``ferryman.v1.DeduperService``: status and offset translation for operators and tools."""
 
-    def __init__(self, status: Callable[[], control_pb2.GetDeduperStatusResponse]) -> None:
+    def __init__(
+        self,
+        status: Callable[[], control_pb2.GetDeduperStatusResponse],
+        translator: OffsetTranslator | None = None,
+    ) -> None:
         self._status = status
+        self._translator = translator
 
     def GetDeduperStatus(  # noqa: N802 (gRPC method name)
         self, request: control_pb2.GetDeduperStatusRequest, context: grpc.ServicerContext
     ) -> control_pb2.GetDeduperStatusResponse:
         """Snapshot of counters, watermarks and connected wrappers."""
         return self._status()
+
+    def TranslateOffsets(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.TranslateOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.TranslateOffsetsResponse:
+        """The destination offset of a source position, from the offset map (`OffsetTranslator`)."""
+        if self._translator is None:
+            raise PreconditionError("this deduper has not reached its destination cluster yet")
+        remaining = context.time_remaining()
+        budget_s = MAX_BUDGET_S if remaining is None else remaining - 0.1
+        return self._translator.translate(request, budget_s)
 
 
 class ControlTicker:
@@ -304,7 +321,11 @@ class ControlTicker:
             lag = max(0, log_end - (st.watermark + 1)) if log_end is not None else -1
             out.append(
                 control_pb2.PartitionWatermark(
-                    topic=key.topic, partition=key.partition, watermark=st.watermark, lag=lag
+                    topic=key.topic,
+                    partition=key.partition,
+                    watermark=st.watermark,
+                    lag=lag,
+                    log_end_offset=log_end if log_end is not None else -1,
                 )
             )
         return out

@@ -44,7 +44,8 @@ from ferryman.kafka_errors import is_transient
 from ferryman.metrics import deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
-from ferryman.state import COMPACTED_TOPIC_CONFIGS
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey
+from ferryman.status import package_version
 from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2_grpc
 
@@ -57,6 +58,7 @@ from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._transaction import Transaction
+from ferryman_deduper._translate import OffsetTranslator
 
 _log = logging.getLogger(__name__)
 
@@ -246,7 +248,9 @@ class Deduper:
             rpc=self._rpc,
             register=[
                 lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self._hub), s),  # type: ignore[arg-type]
-                lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(DeduperStatusServicer(self.status), s),
+                lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(
+                    DeduperStatusServicer(self.status, self._translator()), s
+                ),
                 lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(self._registry), s),
             ],
             service_names=(*_SERVICE_NAMES, FLOW_SERVICE_NAME),
@@ -255,6 +259,19 @@ class Deduper:
             exporter = deduper_metrics(self._dc.metrics_address, self.status)
             with exporter:
                 self._run_kafka()
+
+    def _translator(self) -> OffsetTranslator:
+        def committed(key: PartitionKey) -> int | None:
+            state = dict(self._parts.committed).get(key)
+            return state.watermark if state is not None else None
+
+        return OffsetTranslator(
+            consumer_config=lambda: self._client_conf("translate"),
+            names=self._names,
+            staging_partitions=self._flow.staging_partitions,
+            emits_offset_map=self._flow.emit_offset_mappings,
+            committed_watermark=committed,
+        )
 
     @property
     def port(self) -> int:
@@ -580,6 +597,8 @@ class Deduper:
             unavailable_reason=unavailable,
             producer_rebuilds=tx.producer_rebuilds,
             wedged_calls=tx.wedged_calls,
+            version=package_version(),
+            assigned_staging_partitions=sorted(set(self._parts.owned)),
             **self._txn.status_fields(),
         )
 

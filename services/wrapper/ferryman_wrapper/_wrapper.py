@@ -48,6 +48,7 @@ from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_watermarks, read_compacted
+from ferryman.status import package_version
 from ferryman.topics import InternalTopic
 from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 from ferryman.watchdog import close_or_park, park
@@ -683,6 +684,11 @@ class Wrapper:
             watermarks=[w for _, w in sorted(dict(self._watermarks).items())],
             unavailable_reason=self._unavailable_reason(),
             producer_rebuilds=self.producer_rebuilds,
+            version=package_version(),
+            control_links=[
+                control_pb2.ControlLinkState(address=link.address, connected=link.connected)
+                for link in list(self._links)
+            ],
         )
 
     def _unavailable_reason(self) -> str:

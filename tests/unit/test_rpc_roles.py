@@ -1,0 +1,75 @@
+"""The one rule deciding which role an RPC needs, and the config of named tokens."""
+
+from __future__ import annotations
+
+import pytest
+from ferryman.config import ApiToken, FerrymanConfig, SecretStr, load_config
+from ferryman.errors import ConfigError
+from ferryman.rpc import AuthInterceptor, required_role
+from ferryman.rpc._roles import GRANTS
+
+SEED = {
+    "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS": "s:9092",
+    "KAFKA_CLUSTERS_SOURCE_TOPIC": "t",
+    "KAFKA_CLUSTERS_DESTINATION_BOOTSTRAP_SERVERS": "d:9092",
+    "KAFKA_CLUSTERS_DESTINATION_TOPIC": "t",
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "role"),
+    [
+        ("/ferryman.v1.DeduperService/GetDeduperStatus", "read-only"),
+        ("/ferryman.v1.WrapperService/GetWrapperStatus", "read-only"),
+        ("/ferryman.v1.DeduperService/TranslateOffsets", "read-only"),
+        ("/ferryman.v1.FlowService/ListFlows", "read-only"),
+        ("/ferryman.v1.FlowService/WatchFlows", "read-only"),
+        ("/ferryman.v1.FlowService/CreateFlow", "admin"),
+        ("/ferryman.v1.FlowService/DeleteFlow", "admin"),
+        ("/ferryman.v1.FlowService/PauseFlow", "admin"),
+        ("/ferryman.v1.AuditService/RunAudit", "admin"),
+        ("/ferryman.v1.ControlService/Connect", "peer"),
+        ("/ferryman.v1.ControlService/GetAnything", "peer"),  # the link's service, whatever the name
+    ],
+)
+def test_required_role_by_convention(method: str, role: str) -> None:
+    assert required_role(method) == role
+
+
+def test_admin_includes_read_only_and_peer_is_only_the_link() -> None:
+    assert GRANTS["admin"] == {"read-only", "admin"}
+    assert GRANTS["read-only"] == {"read-only"}
+    assert GRANTS["peer"] == {"peer"}
+
+
+def test_tokens_from_yaml_and_environment_never_print_their_secret() -> None:
+    env = {
+        **SEED,
+        "FERRYMAN_RPC__TOKENS__OPS__SECRET": "ops-secret-1",
+        "FERRYMAN_RPC__TOKENS__OPS__ROLE": "read-only",
+        "FERRYMAN_RPC__TOKENS__ROOT__SECRET": "root-secret-2",
+        "FERRYMAN_RPC__TOKENS__ROOT__ROLE": "admin",
+    }
+    config: FerrymanConfig = load_config(None, env)
+    assert config.rpc.tokens == {
+        "ops": ApiToken(secret=SecretStr("ops-secret-1"), role="read-only"),
+        "root": ApiToken(secret=SecretStr("root-secret-2"), role="admin"),
+    }
+    assert config.rpc.auth_enabled
+    shown = f"{config} {config.rpc!r} {config.rpc.tokens}"
+    assert "ops-secret-1" not in shown and "root-secret-2" not in shown
+
+
+def test_unknown_role_is_refused_naming_the_field() -> None:
+    env = {
+        **SEED,
+        "FERRYMAN_RPC__TOKENS__OPS__SECRET": "x",
+        "FERRYMAN_RPC__TOKENS__OPS__ROLE": "superuser",
+    }
+    with pytest.raises(ConfigError, match=r"rpc\.tokens.*role"):
+        load_config(None, env)
+
+
+def test_empty_token_secret_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"rpc\.tokens\.ops\.secret"):
+        AuthInterceptor(None, {"ops": ApiToken(secret=SecretStr(""), role="admin")})
