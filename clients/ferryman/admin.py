@@ -1,4 +1,4 @@
-"""Typed client of the services' admin and status RPCs (``WrapperService``, ``DeduperService``).
+"""Typed client of the services' admin and status RPCs (``WrapperService``, ``DeduperService``, ``FlowService``).
 
 `FerrymanAdmin` keeps one channel to one service (TLS and the bearer token as ``RpcConfig``
 says), gives every call a default deadline, retries only calls that are safe to repeat (the
@@ -20,17 +20,22 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import grpc
+from google.protobuf import field_mask_pb2
 from opentelemetry.trace import TracerProvider
 
 from ferryman.config import RpcConfig
 from ferryman.rpc import RpcError, open_channel, rpc_error_from
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2, flows_pb2_grpc
 
 T = TypeVar("T")
 
 #: Default deadline of one call, retries included: status reads answer from memory in
 #: milliseconds, so 5 s only runs out against a server that is not there or overloaded.
 DEFAULT_TIMEOUT_S = 5.0
+
+#: Default deadline of a FlowService call: each one reads the flow store to its end, and a write
+#: also fences the other writers and commits a transaction (0.3-2 s here, more on a busy cluster).
+FLOW_TIMEOUT_S = 30.0
 
 #: Waits before the retries of a safe call that found the server UNAVAILABLE (a restart, a
 #: connection being set up); short, as a person is usually waiting.
@@ -62,11 +67,30 @@ class ResourceNotFoundError(AdminError):
 
 
 class RequestRejectedError(AdminError):
-    """The server refused the request as it stands (INVALID_ARGUMENT naming the field, FAILED_PRECONDITION...)."""
+    """The server refused the request as it stands; the subclasses below name the kind of refusal."""
 
 
 class WrongServiceError(AdminError):
     """The server does not serve this RPC (UNIMPLEMENTED): a wrapper asked for deduper status, say."""
+
+
+class InvalidArgumentError(RequestRejectedError):
+    """The server refused a value (INVALID_ARGUMENT); ``metadata["field"]`` names the field when it is one."""
+
+
+class PreconditionError(RequestRejectedError):
+    """Refused in the current state (FAILED_PRECONDITION, OUT_OF_RANGE): a feature off, not live-changeable, a cycle.
+
+    ``metadata["field"]`` names the field when the refusal is about one.
+    """
+
+
+class AlreadyExistsError(RequestRejectedError):
+    """What the call would create exists already, a flow of that name say (ALREADY_EXISTS)."""
+
+
+class ConflictError(RequestRejectedError):
+    """A concurrent change won (ABORTED): a stale etag, or other writers of the flow store. Read again and retry."""
 
 
 _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
@@ -76,11 +100,11 @@ _BY_CODE: Mapping[grpc.StatusCode, type[AdminError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNIMPLEMENTED: WrongServiceError,
     grpc.StatusCode.NOT_FOUND: ResourceNotFoundError,
-    grpc.StatusCode.INVALID_ARGUMENT: RequestRejectedError,
-    grpc.StatusCode.FAILED_PRECONDITION: RequestRejectedError,
-    grpc.StatusCode.OUT_OF_RANGE: RequestRejectedError,
-    grpc.StatusCode.ALREADY_EXISTS: RequestRejectedError,
-    grpc.StatusCode.ABORTED: RequestRejectedError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
+    grpc.StatusCode.OUT_OF_RANGE: PreconditionError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.ABORTED: ConflictError,
 }
 
 #: How gRPC words a failed TLS handshake in an UNAVAILABLE status (client side).
@@ -133,6 +157,7 @@ class FerrymanAdmin:
         self._channel = open_channel(address, rpc or RpcConfig(), tracer_provider=tracer_provider)
         self._wrapper = control_pb2_grpc.WrapperServiceStub(self._channel)
         self._deduper = control_pb2_grpc.DeduperServiceStub(self._channel)
+        self._flows = flows_pb2_grpc.FlowServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
@@ -169,7 +194,8 @@ class FerrymanAdmin:
 
         Raises:
             ResourceNotFoundError: the position is not replicated yet, or has no offset mapping.
-            RequestRejectedError: a field out of range, or a flow without an offset map.
+            InvalidArgumentError: a field out of range (``metadata["field"]``).
+            PreconditionError: the flow writes no offset map.
             AdminError: another subclass naming the failure (`WrongServiceError` from a wrapper).
         """
         request = control_pb2.TranslateOffsetsRequest(topic=topic, partition=partition, offset=offset)
@@ -185,6 +211,97 @@ class FerrymanAdmin:
             return ServiceStatus(role="deduper", deduper=self.deduper_status(timeout_s=timeout_s))
         except WrongServiceError:
             return ServiceStatus(role="wrapper", wrapper=self.wrapper_status(timeout_s=timeout_s))
+
+    # ------------------------------------------------------------------ flows (FlowService, on dedupers)
+    def list_flows(self, *, timeout_s: float | None = None) -> list[flows_pb2.Flow]:
+        """``FlowService.ListFlows``: every flow stored in the deduper's destination cluster, by name.
+
+        Raises:
+            AdminError: a subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = flows_pb2.ListFlowsRequest()
+        return list(
+            self._safe_call(lambda t: self._flows.ListFlows(request, timeout=t), self._flow_timeout(timeout_s)).flows
+        )
+
+    def get_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.GetFlow``.
+
+        Raises:
+            ResourceNotFoundError: no flow of that name.
+        """
+        request = flows_pb2.GetFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.GetFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def create_flow(self, flow: flows_pb2.Flow, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.CreateFlow`` (never retried: a lost answer could hide a success).
+
+        Raises:
+            AlreadyExistsError: the name is taken.
+            InvalidArgumentError: a value is refused (``metadata["field"]``).
+            PreconditionError: the flow would close a replication cycle.
+        """
+        request = flows_pb2.CreateFlowRequest(flow=flow)
+        return self._call(lambda t: self._flows.CreateFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def update_flow(
+        self,
+        flow: flows_pb2.Flow,
+        paths: list[str] | None = None,
+        *,
+        etag: str = "",
+        timeout_s: float | None = None,
+    ) -> flows_pb2.Flow:
+        """``FlowService.UpdateFlow``: the fields at paths taken from flow (all for None), if etag is current.
+
+        Raises:
+            ResourceNotFoundError: no such flow.
+            ConflictError: etag is stale.
+            InvalidArgumentError: a value or an immutable field is refused.
+            PreconditionError: a field that cannot change live, or a cycle.
+        """
+        request = flows_pb2.UpdateFlowRequest(
+            flow=flow, update_mask=field_mask_pb2.FieldMask(paths=paths or []), etag=etag
+        )
+        return self._call(lambda t: self._flows.UpdateFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def delete_flow(self, name: str, *, etag: str = "", timeout_s: float | None = None) -> None:
+        """``FlowService.DeleteFlow`` (not retried: a repeat would answer NOT_FOUND).
+
+        Raises:
+            ResourceNotFoundError: no such flow.
+            ConflictError: etag is stale.
+        """
+        request = flows_pb2.DeleteFlowRequest(name=name, etag=etag)
+        self._call(lambda t: self._flows.DeleteFlow(request, timeout=t), self._flow_timeout(timeout_s))
+
+    def pause_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.PauseFlow`` (idempotent, so retried on UNAVAILABLE).
+
+        Raises:
+            ResourceNotFoundError: no such flow.
+        """
+        request = flows_pb2.PauseFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.PauseFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def resume_flow(self, name: str, *, timeout_s: float | None = None) -> flows_pb2.Flow:
+        """``FlowService.ResumeFlow`` (idempotent, so retried on UNAVAILABLE).
+
+        Raises:
+            ResourceNotFoundError: no such flow.
+        """
+        request = flows_pb2.ResumeFlowRequest(name=name)
+        return self._safe_call(lambda t: self._flows.ResumeFlow(request, timeout=t), self._flow_timeout(timeout_s)).flow
+
+    def _flow_timeout(self, timeout_s: float | None) -> float:
+        return timeout_s if timeout_s is not None else max(self._timeout_s, FLOW_TIMEOUT_S)
+
+    def _call(self, call: Callable[[float], T], timeout_s: float | None) -> T:
+        """call(deadline) once: for calls that must not be repeated blindly."""
+        try:
+            return call(self._timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
 
     def _safe_call(self, call: Callable[[float], T], timeout_s: float | None) -> T:
         """call(remaining deadline), repeated on UNAVAILABLE: only for calls that change nothing."""

@@ -63,9 +63,9 @@ class SecretStr:
 class _FieldError(ValueError):
     """A field's value is refused by a check its type cannot express."""
 
-    def __init__(self, field_name: str, message: str) -> None:
+    def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
-        self.field_name = field_name
+        self.field = field
 
 
 class _Model(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -163,11 +163,25 @@ class FlowConfig(_Model, frozen=True):
     acknowledged_losses: list[AcknowledgedLoss] = field(default_factory=list)
     """Source records accepted as lost (see the deduper's gaps in ``ferryman status``):
     a gap they cover no longer holds its partition. Empty: every gap holds."""
+    replication_factor: Annotated[int, Meta(ge=-1, le=32767)] = -1
+    """Replication factor of the destination topics the deduper creates; -1: the broker's
+    ``default.replication.factor``. Applies to topics created after a change."""
+    topic_configs_exclude: list[str] = field(default_factory=list)
+    """Regexes (full match) of source topic configs not copied to created destination topics,
+    in addition to the broker-specific ones always left out. Applies to topics created after a change."""
+    topic_refresh_interval_s: Annotated[float, Meta(gt=0)] | None = None
+    """How often this flow's source topic list is re-read; default ``wrapper.topic_refresh_interval_s``."""
+    paused: bool = False
+    """Paused: wrappers read nothing from the source (what is in flight is still committed)."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
             raise _FieldError("name", "flow name may only contain letters, digits, '.', '_' and '-'")
-        for name, patterns in (("topics", self.topics), ("topics_exclude", self.topics_exclude)):
+        for name, patterns in (
+            ("topics", self.topics),
+            ("topics_exclude", self.topics_exclude),
+            ("topic_configs_exclude", self.topic_configs_exclude),
+        ):
             for pattern in patterns:
                 try:
                     re.compile(pattern)
@@ -610,7 +624,7 @@ def _describe(exc: msgspec.ValidationError, at: tuple[str, ...]) -> str:
             path.append(named["field"])
             problem = restated
     if isinstance(exc.__cause__, _FieldError):
-        path.append(exc.__cause__.field_name)
+        path.append(exc.__cause__.field)
     return f"{'.'.join(path)}: {problem}" if path else problem
 
 

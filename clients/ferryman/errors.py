@@ -80,7 +80,7 @@ class ClusterUnreachableError(FerrymanError):
 
 
 class InvalidRequestError(FerrymanError):
-    """A request field has a value the server cannot accept; ``field`` names it."""
+    """A request field has a value the server cannot accept (INVALID_ARGUMENT); ``field`` names it."""
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
@@ -92,4 +92,55 @@ class NotFoundError(FerrymanError):
 
 
 class PreconditionError(FerrymanError):
-    """The request is valid but the service is not set up to answer it (a feature turned off)."""
+    """The request is valid but cannot be carried out in the current state (FAILED_PRECONDITION).
+
+    A feature turned off, a change that cannot be applied live, a replication cycle. ``field``
+    names the request field the refusal is about, or is ``""`` when there is none.
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class AlreadyExistsError(FerrymanError):
+    """What a request would create exists already (ALREADY_EXISTS)."""
+
+
+class ConflictError(FerrymanError):
+    """A concurrent change won (ABORTED): read the current state again and retry."""
+
+
+class FlowError(FerrymanError):
+    """A request about a replication flow (the flows admin API) cannot be carried out."""
+
+
+class FlowFieldError(FlowError, InvalidRequestError):
+    """A flow field has a value that is refused (INVALID_ARGUMENT); ``field`` names it (``naming.renames``)."""
+
+
+class FlowNotFoundError(FlowError, NotFoundError):
+    """No flow of that name is stored."""
+
+
+class FlowExistsError(FlowError, AlreadyExistsError):
+    """A flow of that name is already stored."""
+
+
+class StaleEtagError(FlowError, ConflictError):
+    """The flow changed since the etag the request was based on: read it again and retry."""
+
+
+class FlowStoreBusyError(FlowError, ConflictError):
+    """Concurrent writers kept fencing this write of the flow store; retrying later succeeds."""
+
+
+class FlowNotLiveError(FlowError, PreconditionError):
+    """A change cannot be applied to running services; ``field`` names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
+
+
+class FlowCycleError(FlowError, PreconditionError):
+    """The flow would close a replication cycle in which topics could come back (FAILED_PRECONDITION)."""

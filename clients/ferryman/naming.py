@@ -38,17 +38,24 @@ class TopicFilter:
 
     include: tuple[re.Pattern[str], ...]
     exclude: tuple[re.Pattern[str], ...]
+    came_from: tuple[str, str] | None = None
+    """(target alias, separator) of a prefix-policy flow: topics whose alias chain names the
+    target came from there and are never replicated back (MirrorMaker 2's cycle rule)."""
 
     @classmethod
     def of(cls, flow: FlowConfig) -> TopicFilter:
         """Build the filter of a flow."""
+        prefix = flow.naming.policy == "prefix" and flow.source != flow.target and bool(flow.naming.separator)
         return cls(
             include=tuple(re.compile(p) for p in flow.topics),
             exclude=tuple(re.compile(p) for p in flow.topics_exclude),
+            came_from=(flow.target, flow.naming.separator) if prefix else None,
         )
 
     def matches(self, topic: str) -> bool:
-        """True when topic is included and not excluded."""
+        """True when topic is included, not excluded, and did not come from the flow's target."""
+        if self.came_from is not None and self.came_from[0] in topic.split(self.came_from[1])[:-1]:
+            return False
         return any(p.fullmatch(topic) for p in self.include) and not any(p.fullmatch(topic) for p in self.exclude)
 
 
@@ -93,3 +100,12 @@ class FlowNames:
     def transactional_id(self, instance_id: str) -> str:
         """transactional.id of the deduper instance instance_id."""
         return f"ferryman-deduper.{self.flow}.{instance_id}"
+
+
+#: Compacted topic of the destination cluster holding its replication flows (key: flow name,
+#: value: a serialized ``ferryman.v1.Flow``, tombstone: deleted).
+FLOWS_TOPIC = "ferryman.flows.internal"
+
+#: The one transactional.id of every writer of a cluster's flow store: a writer that starts a
+#: write fences any other, which makes the read-check-write of each change linearizable.
+FLOWS_STORE_TRANSACTIONAL_ID = "ferryman-flows-store"

@@ -103,6 +103,19 @@ def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _flow_to_run(config: FerrymanConfig, name: str | None) -> FlowConfig:
+    """The flow named by --flow: from the configuration, else from the flow stores (created by the API).
+
+    Raises:
+        ConfigError: in neither.
+    """
+    if name is None or any(f.name == name for f in config.flows):
+        return config.flow(name)
+    from ferryman.flows import from_stores  # noqa: PLC0415 (Kafka clients only on this path)
+
+    return from_stores(config.clusters, name, client_id="ferryman-flow-lookup")
+
+
 def run_service(
     name: str,
     args: argparse.Namespace,
@@ -116,7 +129,7 @@ def run_service(
     )
     try:
         config = load_config(args.config)
-        flow = config.flow(args.flow)
+        flow = _flow_to_run(config, args.flow)
         service = factory(config, flow, args)
     except ConfigError as exc:
         print(f"{name}: configuration error: {exc}", file=sys.stderr)

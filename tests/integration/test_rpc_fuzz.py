@@ -125,10 +125,13 @@ def test_arbitrary_requests_get_well_defined_codes_from_every_rpc(
             "ferryman.v1.ControlService/Connect",
             "ferryman.v1.DeduperService/GetDeduperStatus",
             "ferryman.v1.DeduperService/TranslateOffsets",
+            *(f"ferryman.v1.FlowService/{m.name}" for m in service("ferryman.v1.FlowService").methods),
         }
         assert set(wrapper) >= {"ferryman.v1.WrapperService/GetWrapperStatus"}
         # The fuzz reached the handlers' checks, not only their happy paths.
         assert "INVALID_ARGUMENT" in deduper["ferryman.v1.DeduperService/TranslateOffsets"]
+        assert "INVALID_ARGUMENT" in deduper["ferryman.v1.FlowService/CreateFlow"]
+        assert "NOT_FOUND" in deduper["ferryman.v1.FlowService/GetFlow"]
         assert pair.wrapper.alive and pair.deduper.alive
     finally:
         pair.stop()

@@ -2,7 +2,8 @@
 
 The server carries the services' real status servicers, the control link, and a probe service
 with one admin RPC (``ferryman.test.Probe/PauseAll``: the role rule goes by name, so any service
-the project adds later is covered the same way).
+the project adds later is covered the same way). The deduper's real FlowService, on a flow
+store in the destination cluster, is checked method by method from its descriptor.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from typing import Any
 
 import grpc
 import pytest
-from ferryman.config import ApiToken, RpcConfig, SecretStr, TlsConfig
+from ferryman.config import ApiToken, ClusterConfig, RpcConfig, SecretStr, TlsConfig
+from ferryman.flows import FlowRegistry
 from ferryman.rpc import RpcServer, build_server, default_server_interceptors, rpc_error_from
 from ferryman.rpc import open_channel as _open
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2, flows_pb2_grpc
 from ferryman_deduper._control import DeduperStatusServicer
+from ferryman_deduper._flows import FlowServicer
 
 from tests.helpers.certs import TestPki, make_pki
 from tests.helpers.grpc_clients import CALL_TIMEOUT_S, DEDUPER_SERVICE, local
+from tests.helpers.kafka import KafkaCluster
+from tests.helpers.proto_strategies import message_class
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +44,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
 
 
 @contextmanager
-def _server(pki: TestPki) -> Iterator[RpcServer]:
+def _server(pki: TestPki, flows: FlowRegistry | None = None) -> Iterator[RpcServer]:
     rpc = RpcConfig(
         tls=TlsConfig(
             cert_file=pki.server_cert, key_file=pki.server_key, ca_file=pki.ca_cert, require_client_cert=True
@@ -58,6 +63,7 @@ def _server(pki: TestPki) -> Iterator[RpcServer]:
         register=[
             lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(status, s),
             lambda s: s.add_generic_rpc_handlers((probe,)),
+            *([lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(flows), s)] if flows else []),
         ],
         service_names=[DEDUPER_SERVICE],
         interceptors=default_server_interceptors(rpc),
@@ -154,3 +160,52 @@ def test_a_secret_never_reaches_the_log(pki: TestPki, caplog: pytest.LogCaptureF
             _outcome(pki, address, token, _pause)
     assert "refused" in caplog.text
     assert "viewer-secret" not in caplog.text and "guess-secret-xyz" not in caplog.text
+
+
+#: FlowService RPCs a read-only token may call; every other one changes the store.
+_FLOW_READS = frozenset({"GetFlow", "ListFlows"})
+#: Deadline of a FlowService call: each reads the flow store to its end (seconds on a loaded machine).
+_FLOW_CALL_TIMEOUT_S = 30.0
+
+
+def test_flow_service_mutations_need_admin_and_reads_read_only(
+    pki: TestPki, destination_cluster: KafkaCluster, unique_name: Any
+) -> None:
+    """Each FlowService method (from the descriptor) with a request naming a flow that does not exist.
+
+    A read-only token reads (NOT_FOUND or the list) and is refused every change; an admin's change
+    passes auth and reaches the handler, whose answer (NOT_FOUND, or INVALID_ARGUMENT for a request
+    naming no flow) proves it was let through without changing anything.
+    """
+    registry = FlowRegistry(
+        {"dst": ClusterConfig(bootstrap_servers=destination_cluster.bootstrap_servers)},
+        "dst",
+        client_id=unique_name("roles"),
+    )
+    missing = unique_name("nosuchflow")
+    service = flows_pb2.DESCRIPTOR.services_by_name["FlowService"]
+
+    def call(method: Any) -> Any:
+        request: Any = message_class(method.input_type)()
+        if "name" in method.input_type.fields_by_name:
+            request.name = missing
+        path = f"/{service.full_name}/{method.name}"
+        serialize = type(request).SerializeToString
+        return lambda channel: channel.unary_unary(path, request_serializer=serialize)(
+            request, timeout=_FLOW_CALL_TIMEOUT_S
+        )
+
+    with _server(pki, registry) as server:
+        address = local(server.port)
+        for method in service.methods:
+            viewer = _outcome(pki, address, "viewer-secret", call(method))
+            admin = _outcome(pki, address, "operator-secret", call(method))
+            assert admin[0] in {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}, (
+                method.name,
+                admin,
+            )
+            if method.name in _FLOW_READS:
+                assert viewer[0] == admin[0], (method.name, viewer, admin)
+            else:
+                assert viewer[:2] == (grpc.StatusCode.PERMISSION_DENIED, "ROLE_NOT_ALLOWED"), (method.name, viewer)
+                assert viewer[2]["required_role"] == "admin"

@@ -7,6 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 from ferryman.admin import (
+    _BY_CODE,
+    AdminError,
     AuthenticationError,
     PermissionDeniedError,
     RequestRejectedError,
@@ -64,6 +66,30 @@ def test_tls_flags_must_be_consistent(tmp_path: Path) -> None:
 def test_each_failure_has_its_exit_status(error: Exception, code: int) -> None:
     line, status = describe("h:1", error, RpcConfig())  # type: ignore[arg-type]
     assert status == code and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_status"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, 2),  # the value given is wrong: usage
+        (grpc.StatusCode.INTERNAL, 3),
+        (grpc.StatusCode.UNAVAILABLE, 4),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, 4),
+        (grpc.StatusCode.UNAUTHENTICATED, 5),
+        (grpc.StatusCode.PERMISSION_DENIED, 6),
+        (grpc.StatusCode.NOT_FOUND, 7),
+        (grpc.StatusCode.FAILED_PRECONDITION, 9),
+        (grpc.StatusCode.OUT_OF_RANGE, 9),
+        (grpc.StatusCode.UNIMPLEMENTED, 9),
+        (grpc.StatusCode.ALREADY_EXISTS, 10),
+        (grpc.StatusCode.ABORTED, 11),
+    ],
+)
+def test_each_status_code_has_one_exit_status(code: grpc.StatusCode, exit_status: int) -> None:
+    """The whole path: the client's exception for a status code (its one table), then the CLI's exit status."""
+    error = _BY_CODE.get(code, AdminError)("refused", code)
+    line, status = describe("h:1", error, RpcConfig())
+    assert status == exit_status and "\n" not in line, (code, type(error).__name__, line)
 
 
 def test_offset_map_records_are_matched_by_key_then_range() -> None:

@@ -5,13 +5,25 @@ from __future__ import annotations
 import grpc
 import pytest
 from ferryman.errors import (
+    AlreadyExistsError,
     ConfigError,
+    ConflictError,
     CorruptEnvelopeError,
     EnvelopeError,
     FencedError,
     FerrymanError,
+    FlowCycleError,
+    FlowExistsError,
+    FlowFieldError,
+    FlowNotFoundError,
+    FlowNotLiveError,
+    FlowStoreBusyError,
+    InvalidRequestError,
     KafkaOperationError,
+    NotFoundError,
+    PreconditionError,
     SourceDataLostError,
+    StaleEtagError,
     TopicShapeError,
 )
 from ferryman.rpc import (
@@ -39,6 +51,18 @@ from grpc_status import rpc_status
         (FencedError("x"), grpc.StatusCode.ABORTED),
         (SourceDataLostError("x"), grpc.StatusCode.DATA_LOSS),
         (KafkaOperationError("flush", RuntimeError("x")), grpc.StatusCode.UNAVAILABLE),
+        (InvalidRequestError("f", "x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (NotFoundError("x"), grpc.StatusCode.NOT_FOUND),
+        (PreconditionError("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (AlreadyExistsError("x"), grpc.StatusCode.ALREADY_EXISTS),
+        (ConflictError("x"), grpc.StatusCode.ABORTED),
+        (FlowFieldError("f", "x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (FlowNotFoundError("x"), grpc.StatusCode.NOT_FOUND),
+        (FlowExistsError("x"), grpc.StatusCode.ALREADY_EXISTS),
+        (StaleEtagError("x"), grpc.StatusCode.ABORTED),
+        (FlowStoreBusyError("x"), grpc.StatusCode.ABORTED),
+        (FlowNotLiveError("f", "x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (FlowCycleError("x"), grpc.StatusCode.FAILED_PRECONDITION),
         (FerrymanError("x"), grpc.StatusCode.INTERNAL),
         (RpcBindError("x"), grpc.StatusCode.INTERNAL),
         (RpcError("downstream", grpc.StatusCode.INVALID_ARGUMENT), grpc.StatusCode.INTERNAL),
@@ -66,6 +90,26 @@ def test_status_codes(error: BaseException, code: grpc.StatusCode) -> None:
 def test_error_reason_is_upper_snake_class_name(cls_name: str, reason: str) -> None:
     error = type(cls_name, (Exception,), {})()
     assert error_reason(error) == reason
+
+
+@pytest.mark.parametrize(
+    ("error", "field"),
+    [
+        (InvalidRequestError("partition", "must be >= 0"), "partition"),
+        (FlowFieldError("naming.renames", "x"), "naming.renames"),
+        (FlowNotLiveError("exactly_once", "x"), "exactly_once"),
+        (PreconditionError("x", field="topics"), "topics"),
+        (FlowCycleError("a -> b -> a"), None),
+        (NotFoundError("x"), None),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_the_field_travels_in_the_error_info_once(error: FerrymanError, field: str | None) -> None:
+    info = error_details_pb2.ErrorInfo()
+    assert to_status(error).details[0].Unpack(info)
+    assert info.metadata.get("field") == field
+    if field:
+        assert str(error).startswith(f"{field}: ") and str(error).count(field) == 1
 
 
 def test_to_status_carries_code_message_and_error_info() -> None:

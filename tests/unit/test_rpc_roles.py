@@ -7,6 +7,7 @@ from ferryman.config import ApiToken, FerrymanConfig, SecretStr, load_config
 from ferryman.errors import ConfigError
 from ferryman.rpc import AuthInterceptor, required_role
 from ferryman.rpc._roles import GRANTS
+from ferryman.v1 import flows_pb2
 
 SEED = {
     "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS": "s:9092",
@@ -34,6 +35,19 @@ SEED = {
 )
 def test_required_role_by_convention(method: str, role: str) -> None:
     assert required_role(method) == role
+
+
+#: The FlowService RPCs that only read; every other one changes the store and needs admin.
+_FLOW_READS = frozenset({"GetFlow", "ListFlows"})
+
+
+def test_the_real_flow_service_methods_get_admin_for_changes_and_read_only_for_reads() -> None:
+    """The rule applied to FlowService as generated from flows.proto, so a renamed or added RPC is seen."""
+    service = flows_pb2.DESCRIPTOR.services_by_name["FlowService"]
+    roles = {m.name: required_role(f"/{service.full_name}/{m.name}") for m in service.methods}
+    assert {"CreateFlow", "UpdateFlow", "DeleteFlow", "PauseFlow", "ResumeFlow"} <= roles.keys()
+    assert roles.keys() >= _FLOW_READS
+    assert roles == {name: "read-only" if name in _FLOW_READS else "admin" for name in roles}
 
 
 def test_admin_includes_read_only_and_peer_is_only_the_link() -> None:

@@ -2,11 +2,13 @@
 
 Groups register themselves on ``app`` in ``_app``; ``main`` runs it with
 Ferryman's exit-code contract (``EXIT_*`` in ``_common``): 0 success, 1 a finding
-(an audit violation), 2 bad usage or configuration, 3 the command could not do
-its work, 4 the server does not answer, 5 it refuses the credentials, 6 the
-token's role may not make the call, 7 what the command names does not exist,
-8 the TLS handshake failed, 9 the server rejected the request. Every failure is
-one line on stderr, never a traceback.
+(an audit violation), 2 bad usage or configuration (or a value the server
+refused), 3 the command could not do its work, 4 the server does not answer,
+5 it refuses the credentials, 6 the token's role may not make the call, 7 what
+the command names does not exist, 8 the TLS handshake failed, 9 the server
+refused the request in its current state, 10 what it would create exists
+already, 11 a concurrent change won (stale etag). Every failure is one line on
+stderr, never a traceback.
 """
 
 import os

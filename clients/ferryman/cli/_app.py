@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from ferryman.cli import _audit, _offsets, _status, _trace
+from ferryman.cli import _audit, _flows, _offsets, _status, _trace
 from ferryman.cli._common import EXIT_USAGE, fail
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_audit.group, name="audit")
+app.add_typer(_flows.group, name="flows")
 app.add_typer(_offsets.group, name="offsets")
 app.command("status")(_status.status)
 app.command("lag")(_status.lag)

@@ -23,7 +23,8 @@ _log = logging.getLogger(__name__)
 EXIT_OK = 0
 #: An audit found a difference.
 EXIT_FINDING = 1
-#: A usage mistake: unknown option, bad value, malformed --server, missing or inconsistent TLS files.
+#: A usage mistake: unknown option, bad value, malformed --server, missing or inconsistent TLS files, or a
+#: value the server refused (INVALID_ARGUMENT, naming the field).
 EXIT_USAGE = 2
 #: The command could not do its work: a cluster unreachable, a read failing, a server error not listed below.
 EXIT_FAILED = 3
@@ -33,12 +34,18 @@ EXIT_UNAVAILABLE = 4
 EXIT_UNAUTHENTICATED = 5
 #: The token's role may not make this call (PERMISSION_DENIED).
 EXIT_DENIED = 6
-#: What the command names does not exist: an unknown flow, a source position not replicated yet.
+#: What the command names does not exist (NOT_FOUND): an unknown flow, a source position not replicated yet.
 EXIT_NOT_FOUND = 7
 #: The TLS handshake failed: untrusted server certificate, name mismatch, TLS to a plaintext port.
 EXIT_TLS = 8
-#: The server rejected the request as it stands (a field out of range, the wrong service, a conflict).
+#: The server refused the request in its current state (FAILED_PRECONDITION, OUT_OF_RANGE: a feature turned off,
+#: a change that cannot apply live, a replication cycle) or does not serve it (UNIMPLEMENTED: the other service).
 EXIT_REJECTED = 9
+#: What the command would create exists already (ALREADY_EXISTS): a flow of that name.
+EXIT_EXISTS = 10
+#: A concurrent change won (ABORTED): the flow changed since the --etag given, or other writers kept winning.
+#: Read it again and retry.
+EXIT_CONFLICT = 11
 
 ConfigOption = Annotated[
     Path | None,

@@ -17,8 +17,11 @@ import typer
 
 from ferryman.admin import (
     AdminError,
+    AlreadyExistsError,
     AuthenticationError,
+    ConflictError,
     FerrymanAdmin,
+    InvalidArgumentError,
     PermissionDeniedError,
     RequestRejectedError,
     ResourceNotFoundError,
@@ -27,7 +30,9 @@ from ferryman.admin import (
     WrongServiceError,
 )
 from ferryman.cli._common import (
+    EXIT_CONFLICT,
     EXIT_DENIED,
+    EXIT_EXISTS,
     EXIT_FAILED,
     EXIT_NOT_FOUND,
     EXIT_REJECTED,
@@ -181,7 +186,7 @@ def _closed_hint(rpc: RpcConfig) -> str:
 
 
 def describe(server: str, exc: AdminError, rpc: RpcConfig) -> tuple[str, int]:
-    """One line and the exit status for a failed call made with rpc's settings."""
+    """One line and the exit status for a failed call made with rpc's settings (the one map of admin errors to them)."""
     if isinstance(exc, TlsHandshakeError):
         return f"TLS with {server} failed (check --ca-file, --cert-file, --server-name): {exc}", EXIT_TLS
     if isinstance(exc, ServiceUnavailableError):
@@ -193,6 +198,12 @@ def describe(server: str, exc: AdminError, rpc: RpcConfig) -> tuple[str, int]:
         return f"{server} refused the call: {exc}", EXIT_DENIED
     if isinstance(exc, ResourceNotFoundError):
         return f"{exc}", EXIT_NOT_FOUND
+    if isinstance(exc, InvalidArgumentError):
+        return f"{server} refused a value: {exc}", EXIT_USAGE
+    if isinstance(exc, AlreadyExistsError):
+        return f"{exc}", EXIT_EXISTS
+    if isinstance(exc, ConflictError):
+        return f"{exc} (read it again and retry)", EXIT_CONFLICT
     if isinstance(exc, RequestRejectedError):
         return f"{server} rejected the request: {exc}", EXIT_REJECTED
     if isinstance(exc, WrongServiceError):

@@ -38,13 +38,14 @@ _PIPED_WIDTH = 1000
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")]
 
 
-def _as_dict(message: Message) -> dict[str, Any]:
+def as_dict(message: Message) -> dict[str, Any]:
+    """The message as JSON-ready data: proto field names, every field shown."""
     return json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
 
 
-def emit(output: str, data: dict[str, Any], table: Table) -> None:
+def emit(output: str, data: Any, table: Table) -> None:
     """Print data as JSON or YAML, or table, as output says."""
     if output == "json":
         print(json.dumps(data, indent=2, sort_keys=False))
@@ -70,7 +71,7 @@ def _run(connection: Connection, output: str, render: Any) -> int:
 def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
     message: Message | None = status.wrapper if status.role == "wrapper" else status.deduper
     assert message is not None  # service_status fills the one of its role
-    data = {"role": status.role, **_as_dict(message)}
+    data = {"role": status.role, **as_dict(message)}
     table = Table("field", "value", title=f"{status.role} status", title_justify="left")
     for key, value in data.items():
         # Lists of messages (partitions, watermarks) are counted here; `ferryman lag` shows them.

@@ -13,7 +13,9 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ferryman.errors import (
+    AlreadyExistsError,
     ConfigError,
+    ConflictError,
     EnvelopeError,
     FencedError,
     FerrymanError,
@@ -74,6 +76,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (ConflictError, grpc.StatusCode.ABORTED),
     (EnvelopeError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicShapeError, grpc.StatusCode.FAILED_PRECONDITION),
     (FencedError, grpc.StatusCode.ABORTED),
@@ -106,7 +110,7 @@ def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
-    elif isinstance(exc, InvalidRequestError):
+    elif isinstance(exc, (InvalidRequestError, PreconditionError)) and exc.field:
         metadata["field"] = exc.field
     elif isinstance(exc, RpcError):
         metadata["peer_code"] = exc.code.name

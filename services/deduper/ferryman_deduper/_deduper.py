@@ -39,6 +39,7 @@ from ferryman.audit_verdicts import VerdictFollower
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
+from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
 from ferryman.metrics import deduper_metrics
@@ -48,12 +49,14 @@ from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.status import package_version
 from ferryman.topics import InternalTopic
 from ferryman.tracing import start_tracing
-from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2_grpc, state_pb2
 
 from ferryman_deduper._advertise import Advertiser
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
 from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
+from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
+from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._quarantine import DLQ_HEADER_ROOM_BYTES, Quarantine
@@ -143,6 +146,11 @@ class Deduper:
         self._health_dirty = False
         #: Record and gRPC tracing; None when tracing is off.
         self._tracing = start_tracing(config.tracing, "ferryman-deduper")
+        #: The flows admin API of the destination cluster (FlowService), and this flow as stored there.
+        self._registry = FlowRegistry(config.clusters, flow.target, client_id=self._client_id("flows"))
+        self._live: LiveFlow | None = None
+        #: The flow is deleted (or re-created as this process cannot run it): idle, NOT_SERVING.
+        self._flow_idle = False
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -288,8 +296,9 @@ class Deduper:
                 lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(
                     DeduperStatusServicer(self.status, self._translator()), s
                 ),
+                lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(self._registry), s),
             ],
-            service_names=_SERVICE_NAMES,
+            service_names=(*_SERVICE_NAMES, FLOW_SERVICE_NAME),
             tracer_provider=self._tracing.provider if self._tracing is not None else None,
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
@@ -324,6 +333,9 @@ class Deduper:
                 admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
             )
         self._ensure_topics(admin)
+        # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
+        self._flow = seed_and_check(self._registry, self._flow)
+        self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(
             admin=admin,
             consumer_config=self._client_conf("specs"),
@@ -333,6 +345,7 @@ class Deduper:
             timeout_s=_ADMIN_TIMEOUT_S,
             flow_wrote=self._flow_wrote,
         )
+        self._destinations.apply_flow(self._flow)
         self._txn.start()
         self._data = DataPath(
             flow=self._flow,
@@ -375,6 +388,8 @@ class Deduper:
         # The last audit verdicts, for status() and the metrics: a thread of its own, off the loop.
         self._verdicts = VerdictFollower(self._client_conf("audit-verdicts"), self._names.audit_topic)
         self._verdicts.start()
+        self._server.set_serving(FLOW_SERVICE_NAME, True)
+        self._live.start()
         advertiser = Advertiser(
             names=self._names,
             instance_id=self.instance_id,
@@ -392,6 +407,7 @@ class Deduper:
             advertiser.stop()  # first: wrappers stop dialling a deduper on its way out
             if self._verdicts is not None:
                 self._verdicts.stop()
+            self._live.stop()
             self._server.begin_drain()
             self._close()
 
@@ -405,7 +421,21 @@ class Deduper:
     def _apply_health(self) -> None:
         if self._health_dirty:
             self._health_dirty = False
-            self._set_serving(self.health.reachable and self._recovery is None)
+            self._set_serving(self.health.reachable and self._recovery is None and not self._flow_idle)
+
+    def _follow_flow(self) -> None:
+        """Apply what changed in the stored flow (loop thread): renames and created-topic settings, deletion."""
+        assert self._live is not None
+        change = self._live.take()
+        if change is UNCHANGED:
+            return
+        if not isinstance(change, FlowConfig):
+            _log.warning("flow %s is gone from the flow store: idle and NOT_SERVING until it is back", self._flow.name)
+            self._flow_idle = True
+        else:
+            self._flow, self._flow_idle = change, False
+            self._destinations.apply_flow(change)
+        self._health_dirty = True
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -427,6 +457,7 @@ class Deduper:
                 self._fail(exc, "writing the transaction")
             self.health.tick()
             self.health.probe(lambda t: self._txn.producer.list_topics(self._names.staging_topic, timeout=t))
+            self._follow_flow()
             self._apply_health()
             self._control_tick()
 

@@ -11,6 +11,7 @@ grows.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import topics
+from ferryman.config import FlowConfig
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import NamingPolicy
 from ferryman.state import read_compacted
@@ -71,11 +73,23 @@ class DestinationTopics:
         self._replicate_configs = replicate_configs
         self._timeout_s = timeout_s
         self._flow_wrote = flow_wrote
+        #: Replication factor and configs left out of created topics (live flow settings, `apply_flow`).
+        self._replication_factor = -1
+        self._configs_exclude: tuple[re.Pattern[str], ...] = ()
         self._specs: dict[tuple[str, str], state_pb2.TopicSpec] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self.producer: Producer | None = None
         self._tail: Consumer | None = None
         self._checker: Consumer | None = None
+
+    def apply_flow(self, flow: FlowConfig) -> None:
+        """Take the flow's live settings: renames, and how topics created from now on are made.
+
+        A rename applies to source topics not resolved yet; topics already written keep their name.
+        """
+        self._naming = NamingPolicy(flow.source, flow.naming)
+        self._replication_factor = flow.replication_factor
+        self._configs_exclude = tuple(re.compile(p) for p in flow.topic_configs_exclude)
 
     def name_of(self, topic: str) -> str:
         """Destination topic name of a source topic."""
@@ -158,8 +172,14 @@ class DestinationTopics:
         wanted = max(spec.partitions, min_partitions)
         existing = topics.describe_topics(self._admin, [name], self._timeout_s).get(name)
         if existing is None:
-            configs = dict(spec.configs) if self._replicate_configs else {}
-            topics.create_topic(self._admin, name, wanted, configs, self._timeout_s)
+            configs = {
+                k: v
+                for k, v in (spec.configs.items() if self._replicate_configs else ())
+                if not any(p.fullmatch(k) for p in self._configs_exclude)
+            }
+            topics.create_topic(
+                self._admin, name, wanted, configs, self._timeout_s, replication_factor=self._replication_factor
+            )
             existing = topics.await_topic(self._admin, name, self._timeout_s)
             if existing is None:
                 raise FerrymanError(f"destination topic {name} was not created in time")

@@ -41,6 +41,7 @@ from ferryman import envelope, protocol, topics
 from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
+from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, is_transient
 from ferryman.metrics import wrapper_metrics
@@ -156,6 +157,12 @@ class Wrapper:
         self._traces = (
             None if self._tracing is None else WrapperTraces(self._tracing, consumer_group=self._names.wrapper_group)
         )
+        #: This flow as the flow store has it (the store wins), followed live.
+        self._live: LiveFlow | None = None
+        #: The flow is deleted (or re-created as this process cannot run it): reads paused, NOT_SERVING.
+        self._flow_idle = False
+        #: The topic filter changed while a discovery was under way: its result is dropped.
+        self._filter_stale = False
 
     # ------------------------------------------------------------------ setup
     def _make_producer(self) -> Producer:
@@ -277,6 +284,9 @@ class Wrapper:
         wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
         self._cluster_id = topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S)
         self._ensure_topics(self._target_admin)
+        store = FlowStore(self._flow.target, self._target, client_id=f"{self.wrapper_id}-flows")
+        self._flow = stored_or(store, self._flow)
+        self._live = LiveFlow(self._target, self._flow, client_id=f"{self.wrapper_id}-flows")
         self._producer = self._make_producer()
         self._specs = SpecPublisher(
             source_admin=source_admin,
@@ -299,9 +309,11 @@ class Wrapper:
             envelope.CHECKSUM,
         )
         self._server.set_serving(_SERVICE_NAME, True)
+        self._live.start()
         try:
             self._loop()
         finally:
+            self._live.stop()
             self._server.begin_drain()
             self._close()
 
@@ -322,13 +334,18 @@ class Wrapper:
     def _apply_health(self) -> None:
         if self._health_dirty:
             self._health_dirty = False
-            serving = self.source_health.reachable and self.target_health.reachable and not self._recovering
+            serving = (
+                self.source_health.reachable
+                and self.target_health.reachable
+                and not self._recovering
+                and not self._flow_idle
+            )
             self._server.set_serving(_SERVICE_NAME, serving)
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
         self._subscribe(self._discover_at_start())
-        self._next_refresh = time.monotonic() + self._wc.topic_refresh_interval_s
+        self._next_refresh = time.monotonic() + self._refresh_interval_s()
         self._next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
         self._next_progress = 0.0
         self._discovery: Future[SourceView] | None = None  # the periodic source reads run off this thread
@@ -385,21 +402,46 @@ class Wrapper:
         discovery = self._discovery
         if discovery is not None and discovery.done():
             self._discovery = None
-            self._next_refresh = now + self._wc.topic_refresh_interval_s
+            self._next_refresh = now + self._refresh_interval_s()
+            if self._filter_stale:  # read with the old topic filter: read again with the new one
+                self._filter_stale, self._next_refresh = False, now
+                return
             try:
                 # result() raises what the source reads raised, as a discovery on this thread would.
                 names = self._specs.publish(discovery.result())
             except (KafkaException, FerrymanError) as exc:
                 if not is_transient(exc):
                     raise
-                _log.warning(
-                    "topic discovery failed (%s); trying again in %.0f s", exc, self._wc.topic_refresh_interval_s
-                )
+                _log.warning("topic discovery failed (%s); trying again in %.0f s", exc, self._refresh_interval_s())
                 return
             if names != self._subscribed:
                 self._subscribe(names)
         elif discovery is None and now >= self._next_refresh:
             self._discovery = self._specs.observe_in_background()
+        self._follow_flow()
+
+    def _refresh_interval_s(self) -> float:
+        return self._flow.topic_refresh_interval_s or self._wc.topic_refresh_interval_s
+
+    def _follow_flow(self) -> None:
+        """Apply what changed in the stored flow (loop thread): topics, excludes, renames, pause, deletion.
+
+        New topic filters take effect with a discovery started at once (or right after the one
+        under way); pause and deletion through `_apply_backpressure`, as the deduper's pause does.
+        """
+        assert self._live is not None
+        change = self._live.take()
+        if change is UNCHANGED:
+            return
+        self._health_dirty = True
+        if not isinstance(change, FlowConfig):
+            _log.warning("flow %s is gone from the flow store: source reads paused, NOT_SERVING", self._flow.name)
+            self._flow_idle = True
+            return
+        self._flow, self._flow_idle = change, False
+        self._specs.topic_filter = TopicFilter.of(change)
+        self._filter_stale = self._discovery is not None
+        self._next_refresh = 0.0  # discover with the new filter at once
 
     def _check_callbacks(self) -> None:
         """Act on what client callbacks recorded: a failed assignment, a fenced or failed consumer."""
@@ -615,7 +657,9 @@ class Wrapper:
         while nothing more is read for a producer that cannot deliver.
         """
         paused, reason = self._pause_wanted
-        if not self.target_health.reachable:
+        if self._flow.paused or self._flow_idle:
+            paused, reason = True, f"flow {self._flow.name} {'deleted' if self._flow_idle else 'paused'}"
+        elif not self.target_health.reachable:
             paused, reason = True, f"{self.target_health.name} unreachable"
         if paused == self._paused:
             return

@@ -1,0 +1,416 @@
+"""``ferryman flows ...``: the replication flows of a destination cluster, through a deduper's FlowService.
+
+Flows are given as in the configuration file (the same keys: ``name``, ``source``, ``target``,
+``topics``, ``naming``, ...); ``apply -f FILE`` takes a configuration file (its ``flows:``), a
+list of flows or one flow, and makes the store match it: missing flows are created, changed ones
+updated (against the etag just read), equal ones left alone. Connection options and exit statuses
+are those of every command (`ferryman.cli._connection`, ``EXIT_*`` in `ferryman.cli._common`):
+2 a value refused (naming the field), 7 no such flow, 9 refused in the current state (not
+live-changeable, a cycle), 10 the flow exists, 11 it changed meanwhile (stale etag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from ferryman.admin import FLOW_TIMEOUT_S, FerrymanAdmin, ResourceNotFoundError
+from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
+from ferryman.cli._connection import (
+    CaOption,
+    CertOption,
+    KeyOption,
+    ServerNameOption,
+    ServerOption,
+    TimeoutOption,
+    TokenOption,
+    connect_or_fail,
+)
+from ferryman.cli._status import OUTPUTS, OutputOption, as_dict, emit
+from ferryman.config import FlowConfig, validated
+from ferryman.errors import ConfigError
+from ferryman.flows import to_config, to_proto
+from ferryman.v1 import flows_pb2
+
+group = typer.Typer(
+    help="Replication flows of a destination cluster (served by its dedupers): list, create, change, pause.",
+    no_args_is_help=True,
+)
+
+NameArg = Annotated[str, typer.Argument(help="Flow name.", show_default=False)]
+EtagOption = Annotated[
+    str, typer.Option("--etag", help="Only if the flow still has this etag (from get); else exit 11.")
+]
+TopicOption = Annotated[
+    list[str] | None, typer.Option("--topic", help="Topic regex to replicate (repeat; replaces the list).")
+]
+ExcludeOption = Annotated[
+    list[str] | None, typer.Option("--exclude", help="Topic regex never to replicate (repeat; replaces the list).")
+]
+RenameOption = Annotated[
+    list[str] | None, typer.Option("--rename", help="SOURCE=DESTINATION topic name (repeat; replaces the renames).")
+]
+ConfigExcludeOption = Annotated[
+    list[str] | None,
+    typer.Option("--config-exclude", help="Topic-config regex not copied to created topics (repeat)."),
+]
+
+#: What a command shows: data for json/yaml and the table for a terminal.
+_View = tuple[Any, Table]
+
+
+def _run(options: Mapping[str, Any], action: Callable[[FerrymanAdmin, float], _View]) -> int:
+    """action(admin, deadline) on a client of --server; its view printed, or one line and the exit status."""
+    output = options["output"]
+    if output not in OUTPUTS:
+        return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
+    connection = connect_or_fail(
+        options["server"],
+        token=options["token"],
+        ca_file=options["ca_file"],
+        cert_file=options["cert_file"],
+        key_file=options["key_file"],
+        server_name=options["server_name"],
+        timeout_s=options["timeout_s"],
+    )
+    if isinstance(connection, int):
+        return connection
+    try:
+        view = connection.call(lambda admin: action(admin, connection.timeout_s))
+    except ConfigError as exc:  # a flow file or option refused before anything was sent
+        return fail(str(exc), EXIT_USAGE)
+    if isinstance(view, int):
+        return view
+    emit(output, *view)
+    return EXIT_OK
+
+
+def _kw(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection and output options among a command's arguments."""
+    names = ("server", "token", "ca_file", "cert_file", "key_file", "server_name", "timeout_s", "output")
+    return {n: scope[n] for n in names}
+
+
+def _view(flow: flows_pb2.Flow) -> _View:
+    data = as_dict(flow)
+    table = Table("field", "value", title=f"flow {flow.name}", title_justify="left")
+    for key, value in data.items():
+        table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
+    return data, table
+
+
+def _summary_table(flows: list[flows_pb2.Flow], title: str) -> Table:
+    table = Table("name", "route", "topics", "naming", "paused", "version", "etag", title=title, title_justify="left")
+    for f in flows:
+        naming = flows_pb2.NamingPolicy.Name(f.naming.policy).removeprefix("NAMING_POLICY_").lower()
+        table.add_row(
+            f.name,
+            f"{f.source_alias} -> {f.target_alias}",
+            ", ".join(f.topics),
+            naming + (f" +{len(f.naming.renames)} renames" if f.naming.renames else ""),
+            "yes" if f.paused else "no",
+            str(f.version),
+            f.etag,
+        )
+    return table
+
+
+def _flow_values(source: Path) -> list[dict[str, Any]]:
+    """The flows of a YAML file: a configuration (``flows:``), a list of flows, or one flow.
+
+    Raises:
+        ConfigError: unreadable, not YAML, or not flows.
+    """
+    try:
+        loaded = yaml.safe_load(source.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
+    if isinstance(loaded, Mapping) and "flows" in loaded:
+        loaded = loaded["flows"]
+    items = [loaded] if isinstance(loaded, Mapping) else loaded
+    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+        raise ConfigError(f"{source}: expected a configuration with flows:, a list of flows or one flow")
+    return [dict(i) for i in items]
+
+
+def _checked(values: Mapping[str, Any], at: str) -> FlowConfig:
+    return validated(FlowConfig, values, at=(at,))
+
+
+@group.command("list")
+def list_flows(
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """List the flows stored in the destination cluster of the deduper at --server."""
+
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        flows = admin.list_flows(timeout_s=timeout_s)
+        return [as_dict(f) for f in flows], _summary_table(flows, f"flows at {server}")
+
+    return _run(_kw(locals()), action)
+
+
+@group.command("get")
+def get(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Show one flow with its etag and version."""
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.get_flow(name, timeout_s=timeout_s)))
+
+
+@group.command("create")
+def create(
+    *,
+    server: ServerOption,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="YAML of one flow, as in the configuration file.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Flow name.")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="Source cluster alias.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target cluster alias.")] = None,
+    topic: TopicOption = None,
+    exclude: ExcludeOption = None,
+    naming: Annotated[str | None, typer.Option("--naming", help="prefix or identity.")] = None,
+    rename: RenameOption = None,
+    paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Create a flow from --file or from options (--topic, --exclude and --rename SRC=DST repeat)."""
+
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        values: dict[str, Any] = {}
+        if file is not None:
+            items = _flow_values(file)
+            if len(items) != 1:
+                raise ConfigError(f"{file} holds {len(items)} flows; create takes one (apply takes many)")
+            values = items[0]
+        values.update(
+            _option_values(
+                name=name, source=source, target=target, topic=topic, exclude=exclude, naming=naming, rename=rename
+            )
+        )
+        if paused:
+            values["paused"] = True
+        flow = to_proto(_checked(values, "flow"))
+        return _view(admin.create_flow(flow, timeout_s=timeout_s))
+
+    return _run(_kw(locals()), action)
+
+
+@group.command("update")
+def update(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    topic: TopicOption = None,
+    exclude: ExcludeOption = None,
+    rename: RenameOption = None,
+    replication_factor: Annotated[int | None, typer.Option("--replication-factor", help="-1: broker default.")] = None,
+    config_exclude: ConfigExcludeOption = None,
+    refresh_interval_s: Annotated[
+        float | None, typer.Option("--refresh-interval-s", help="How often source topics are re-listed.")
+    ] = None,
+    etag: EtagOption = "",
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Change a flow's live fields: only those given (--topic/--exclude/--rename/--config-exclude replace lists)."""
+
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        patch = flows_pb2.Flow(name=name)
+        paths: list[str] = []
+        if topic is not None:
+            patch.topics.extend(topic)
+            paths.append("topics")
+        if exclude is not None:
+            patch.topics_exclude.extend(exclude)
+            patch.no_default_excludes = not exclude
+            paths += ["topics_exclude", "no_default_excludes"]
+        if rename is not None:
+            patch.naming.renames.update(_renames(rename))
+            paths.append("naming.renames")
+        if replication_factor is not None:
+            patch.replication_factor = max(replication_factor, 0)
+            paths.append("replication_factor")
+        if config_exclude is not None:
+            patch.topic_configs_exclude.extend(config_exclude)
+            paths.append("topic_configs_exclude")
+        if refresh_interval_s is not None:
+            patch.topic_refresh_interval_ms = round(refresh_interval_s * 1000)
+            paths.append("topic_refresh_interval_ms")
+        if not paths:
+            raise ConfigError("nothing to change: give at least one of the options (see --help)")
+        return _view(admin.update_flow(patch, paths, etag=etag, timeout_s=timeout_s))
+
+    return _run(_kw(locals()), action)
+
+
+@group.command("delete")
+def delete(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    etag: EtagOption = "",
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Delete a flow: its wrappers stop reading and its services report NOT_SERVING until it is back."""
+
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        admin.delete_flow(name, etag=etag, timeout_s=timeout_s)
+        return {"deleted": name}, Table("deleted", title=name)
+
+    return _run(_kw(locals()), action)
+
+
+@group.command("pause")
+def pause(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Pause a flow: its wrappers stop reading the source (what is in flight is still committed)."""
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.pause_flow(name, timeout_s=timeout_s)))
+
+
+@group.command("resume")
+def resume(
+    name: NameArg,
+    *,
+    server: ServerOption,
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Resume a paused flow."""
+    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.resume_flow(name, timeout_s=timeout_s)))
+
+
+@group.command("apply")
+def apply(
+    *,
+    server: ServerOption,
+    file: Annotated[Path, typer.Option("--file", "-f", help="Configuration file (flows:), list of flows or one.")],
+    output: OutputOption = "table",
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    server_name: ServerNameOption = None,
+    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+) -> int:
+    """Make the stored flows match the file: create missing, update changed, leave equal ones (idempotent).
+
+    A flow's pause state is kept unless the file sets ``paused``; flows not in the file are left alone.
+    """
+
+    def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
+        items = _flow_values(file)
+        wanted = [(i, _checked(v, f"flows.{i}")) for i, v in enumerate(items)]
+        rows: list[dict[str, str]] = []
+        for i, config in wanted:
+            flow = to_proto(config)
+            try:
+                stored = admin.get_flow(config.name, timeout_s=timeout_s)
+            except ResourceNotFoundError:
+                created = admin.create_flow(flow, timeout_s=timeout_s)
+                rows.append({"flow": config.name, "action": "created", "etag": created.etag})
+                continue
+            if "paused" not in items[i]:
+                flow.paused = stored.paused
+            if to_config(stored) == to_config(flow):
+                rows.append({"flow": config.name, "action": "unchanged", "etag": stored.etag})
+                continue
+            updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=timeout_s)
+            rows.append({"flow": config.name, "action": "updated", "etag": updated.etag})
+        table = Table("flow", "action", "etag", title=f"apply {file}", title_justify="left")
+        for row in rows:
+            table.add_row(row["flow"], row["action"], row["etag"])
+        return rows, table
+
+    return _run(_kw(locals()), action)
+
+
+def _renames(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        src, sep, dst = pair.partition("=")
+        if not sep or not src or not dst:
+            raise ConfigError(f"--rename takes SOURCE=DESTINATION, not {pair!r}")
+        out[src] = dst
+    return out
+
+
+def _option_values(
+    *,
+    name: str | None,
+    source: str | None,
+    target: str | None,
+    topic: list[str] | None,
+    exclude: list[str] | None,
+    naming: str | None,
+    rename: list[str] | None,
+) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in (("name", name), ("source", source), ("target", target), ("topics", topic)):
+        if value is not None:
+            values[key] = value
+    if exclude is not None:
+        values["topics_exclude"] = exclude
+    if naming is not None or rename is not None:
+        values["naming"] = {
+            **({"policy": naming} if naming else {}),
+            **({"rename": _renames(rename)} if rename else {}),
+        }
+    return values
