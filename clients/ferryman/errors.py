@@ -69,3 +69,19 @@ class WedgedCallError(FerrymanError):
 
 class ClusterUnreachableError(FerrymanError):
     """A cluster did not answer within the start-up deadline (``startup_timeout_s``)."""
+
+
+class NotFoundError(FerrymanError):
+    """A named thing asked for (a flow, an audit run) does not exist."""
+
+
+class BusyError(FerrymanError):
+    """The server is busy with what this request would start (an audit run already queued or running).
+
+    Attributes:
+        details: What is in the way (``run_id``: the run), sent as ``ErrorInfo`` metadata.
+    """
+
+    def __init__(self, message: str, details: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})

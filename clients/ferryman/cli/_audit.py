@@ -6,6 +6,7 @@ when a command needs it, so the rest of the CLI starts without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -39,6 +40,7 @@ from ferryman.client_config import base_config
 from ferryman.config import AuditorConfig, validated
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
+from ferryman.rpc import RpcBindError
 
 if TYPE_CHECKING:
     from ferryman_auditor import AuditRange, AuditReport, ScheduleOutcome
@@ -187,6 +189,15 @@ def schedule(
             show_default=False,
         ),
     ] = None,
+    listen_address: Annotated[
+        str | None,
+        typer.Option(
+            "--listen-address",
+            help="host:port of the audit API (AuditService: audit run|list|show --server); default: the "
+            "configuration's auditor.listen_address, empty: no API (env FERRYMAN_AUDITOR__LISTEN_ADDRESS).",
+            show_default=False,
+        ),
+    ] = None,
     master: Annotated[
         str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
     ] = None,
@@ -202,6 +213,9 @@ def schedule(
 
     One Spark session serves every run; each verdict is logged on stderr (reports: audit list, audit show).
 
+    With --listen-address (auditor.listen_address) it also serves the audit API: runs started there
+    (audit run --server) take turns with the scheduled ones on the session, one started run at a time.
+
     On SIGTERM a run in progress gets --shutdown-timeout-s to finish, then it is abandoned (nothing stored).
 
     Exit status once stopped: 0 all runs exactly once, 1 a run found a violation, 2 bad usage, 3 the last failed.
@@ -210,7 +224,11 @@ def schedule(
         if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
         cfg, chosen = load_flow(config, flow)
-        overrides = {"interval_s": interval_s, "shutdown_timeout_s": shutdown_timeout_s}
+        overrides = {
+            "interval_s": interval_s,
+            "shutdown_timeout_s": shutdown_timeout_s,
+            "listen_address": listen_address,
+        }
         auditor = validated(
             AuditorConfig,
             {**msgspec.structs.asdict(cfg.auditor), **{k: v for k, v in overrides.items() if v is not None}},
@@ -222,7 +240,7 @@ def schedule(
         level=log_level, format="%(asctime)s %(levelname)s ferryman-audit %(name)s: %(message)s", stream=sys.stderr
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway connection otherwise
-    from ferryman_auditor import AuditSettings, flow_scheduler, spark_session  # noqa: PLC0415
+    from ferryman_auditor import AuditRuns, AuditSettings, flow_scheduler, serve_audit_api, spark_session  # noqa: PLC0415
 
     signals = StopSignals()
     signals.install()
@@ -232,17 +250,27 @@ def schedule(
         return fail(f"Spark did not start: {exc}", EXIT_FAILED)
     try:
         signals.install()  # again: PySpark installs a SIGINT handler of its own with its context
+        settings = AuditSettings(reports_dir=reports_dir)
+        runs = AuditRuns(spark, cfg, settings=settings)
         scheduler = flow_scheduler(
             spark,
             cfg,
             chosen,
             topics=tuple(topic) if topic else None,
-            settings=AuditSettings(reports_dir=reports_dir),
+            settings=settings,
             interval_s=auditor.interval_s,
             shutdown_timeout_s=auditor.shutdown_timeout_s,
+            session_lock=runs.session_lock,
         )
         signals.forward_to(scheduler.shutdown)
-        outcome = scheduler.run()
+        with contextlib.ExitStack() as api:
+            if auditor.listen_address:
+                api.enter_context(
+                    serve_audit_api(runs, chosen.name, listen_address=auditor.listen_address, rpc=cfg.rpc)
+                )
+            outcome = scheduler.run()
+    except (ConfigError, RpcBindError) as exc:
+        return fail(str(exc), EXIT_USAGE)
     finally:
         spark.stop()
     if outcome.usage_error is not None:

@@ -13,11 +13,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ferryman.errors import (
+    BusyError,
     ConfigError,
     EnvelopeError,
     FencedError,
     FerrymanError,
     KafkaOperationError,
+    NotFoundError,
     SourceDataLostError,
     TopicShapeError,
 )
@@ -68,6 +70,8 @@ class RpcError(FerrymanError):
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IncompatiblePeerError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (BusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (EnvelopeError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicShapeError, grpc.StatusCode.FAILED_PRECONDITION),
     (FencedError, grpc.StatusCode.ABORTED),
@@ -100,6 +104,8 @@ def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
+    elif isinstance(exc, BusyError):
+        metadata.update(exc.details)
     elif isinstance(exc, RpcError):
         metadata["peer_code"] = exc.code.name
         if exc.reason:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/audit.proto\x12\x0b\x66\x65rryman.v1\"\x81\x01\n\nAuditRange\x12\x0e\n\x06topics\x18\x01 \x03(\t\x12+\n\x07offsets\x18\x02 \x01(\x0b\x32\x18.ferryman.v1.OffsetRangeH\x00\x12.\n\x0btime_window\x18\x03 \x01(\x0b\x32\x17.ferryman.v1.TimeWindowH\x00\x42\x06\n\x04kind\"\xf7\x01\n\x0bOffsetRange\x12\x41\n\rstart_offsets\x18\x01 \x03(\x0b\x32*.ferryman.v1.OffsetRange.StartOffsetsEntry\x12=\n\x0b\x65nd_offsets\x18\x02 \x03(\x0b\x32(.ferryman.v1.OffsetRange.EndOffsetsEntry\x1a\x33\n\x11StartOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x31\n\x0f\x45ndOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\">\n\nTimeWindow\x12\x10\n\x08start_ms\x18\x01 \x01(\x03\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_end_ms\"\xa1\x01\n\x0b\x41uditCounts\x12\x10\n\x08\x65xpected\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x03\x12\x0f\n\x07missing\x18\x03 \x01(\x03\x12\x12\n\nduplicated\x18\x04 \x01(\x03\x12\x11\n\treordered\x18\x05 \x01(\x03\x12\x0f\n\x07\x61ltered\x18\x06 \x01(\x03\x12\x12\n\nunexpected\x18\x07 \x01(\x03\x12\x14\n\x0cunverifiable\x18\x08 \x01(\x03\"4\n\nOffsetSpan\x12\x13\n\x0b\x66rom_offset\x18\x01 \x01(\x03\x12\x11\n\tto_offset\x18\x02 \x01(\x03\"\x86\x03\n\x0ePartitionAudit\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x19\n\x11\x64\x65stination_topic\x18\x03 \x01(\t\x12(\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12\x34\n\x13unverifiable_ranges\x18\x05 \x03(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12-\n\x0csource_range\x18\x06 \x01(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12\x32\n\x11\x64\x65stination_range\x18\x07 \x01(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12\x33\n\x11offset_map_counts\x18\x08 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12\x18\n\x10\x61lignments_agree\x18\t \x01(\x08\x12%\n\x07verdict\x18\n \x01(\x0e\x32\x14.ferryman.v1.Verdict\"\xb8\x02\n\x08\x41uditRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66low\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.ferryman.v1.AuditState\x12%\n\x07verdict\x18\x04 \x01(\x0e\x32\x14.ferryman.v1.Verdict\x12&\n\x05range\x18\x05 \x01(\x0b\x32\x17.ferryman.v1.AuditRange\x12\x15\n\rstarted_at_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x07 \x01(\x03\x12(\n\x06totals\x18\x08 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12/\n\npartitions\x18\t \x03(\x0b\x32\x1b.ferryman.v1.PartitionAudit\x12\r\n\x05\x65rror\x18\n \x01(\t\"n\n\rAuditProgress\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.ferryman.v1.AuditState\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\x12\n\ntasks_done\x18\x03 \x01(\x05\x12\x13\n\x0btasks_total\x18\x04 \x01(\x05\"I\n\x11StartAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12&\n\x05range\x18\x02 \x01(\x0b\x32\x17.ferryman.v1.AuditRange\"8\n\x12StartAuditResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.ferryman.v1.AuditRun\"2\n\x12\x46ollowAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"w\n\x13\x46ollowAuditResponse\x12.\n\x08progress\x18\x01 \x01(\x0b\x32\x1a.ferryman.v1.AuditProgressH\x00\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x15.ferryman.v1.AuditRunH\x00\x42\x07\n\x05\x65vent\"/\n\x0fGetAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"6\n\x10GetAuditResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.ferryman.v1.AuditRun\"0\n\x11ListAuditsRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"9\n\x12ListAuditsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.ferryman.v1.AuditRun*\x8c\x01\n\nAuditState\x12\x1b\n\x17\x41UDIT_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41UDIT_STATE_QUEUED\x10\x01\x12\x17\n\x13\x41UDIT_STATE_RUNNING\x10\x02\x12\x18\n\x14\x41UDIT_STATE_FINISHED\x10\x03\x12\x16\n\x12\x41UDIT_STATE_FAILED\x10\x04*R\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x18\n\x14VERDICT_EXACTLY_ONCE\x10\x01\x12\x14\n\x10VERDICT_VIOLATED\x10\x02\x32\xc9\x02\n\x0c\x41uditService\x12M\n\nStartAudit\x12\x1e.ferryman.v1.StartAuditRequest\x1a\x1f.ferryman.v1.StartAuditResponse\x12R\n\x0b\x46ollowAudit\x12\x1f.ferryman.v1.FollowAuditRequest\x1a .ferryman.v1.FollowAuditResponse0\x01\x12G\n\x08GetAudit\x12\x1c.ferryman.v1.GetAuditRequest\x1a\x1d.ferryman.v1.GetAuditResponse\x12M\n\nListAudits\x12\x1e.ferryman.v1.ListAuditsRequest\x1a\x1f.ferryman.v1.ListAuditsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/audit.proto\x12\x0b\x66\x65rryman.v1\"\x81\x01\n\nAuditRange\x12\x0e\n\x06topics\x18\x01 \x03(\t\x12+\n\x07offsets\x18\x02 \x01(\x0b\x32\x18.ferryman.v1.OffsetRangeH\x00\x12.\n\x0btime_window\x18\x03 \x01(\x0b\x32\x17.ferryman.v1.TimeWindowH\x00\x42\x06\n\x04kind\"\xf7\x01\n\x0bOffsetRange\x12\x41\n\rstart_offsets\x18\x01 \x03(\x0b\x32*.ferryman.v1.OffsetRange.StartOffsetsEntry\x12=\n\x0b\x65nd_offsets\x18\x02 \x03(\x0b\x32(.ferryman.v1.OffsetRange.EndOffsetsEntry\x1a\x33\n\x11StartOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x31\n\x0f\x45ndOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\">\n\nTimeWindow\x12\x10\n\x08start_ms\x18\x01 \x01(\x03\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_end_ms\"\xa1\x01\n\x0b\x41uditCounts\x12\x10\n\x08\x65xpected\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x03\x12\x0f\n\x07missing\x18\x03 \x01(\x03\x12\x12\n\nduplicated\x18\x04 \x01(\x03\x12\x11\n\treordered\x18\x05 \x01(\x03\x12\x0f\n\x07\x61ltered\x18\x06 \x01(\x03\x12\x12\n\nunexpected\x18\x07 \x01(\x03\x12\x14\n\x0cunverifiable\x18\x08 \x01(\x03\"4\n\nOffsetSpan\x12\x13\n\x0b\x66rom_offset\x18\x01 \x01(\x03\x12\x11\n\tto_offset\x18\x02 \x01(\x03\"\x86\x03\n\x0ePartitionAudit\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x19\n\x11\x64\x65stination_topic\x18\x03 \x01(\t\x12(\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12\x34\n\x13unverifiable_ranges\x18\x05 \x03(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12-\n\x0csource_range\x18\x06 \x01(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12\x32\n\x11\x64\x65stination_range\x18\x07 \x01(\x0b\x32\x17.ferryman.v1.OffsetSpan\x12\x33\n\x11offset_map_counts\x18\x08 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12\x18\n\x10\x61lignments_agree\x18\t \x01(\x08\x12%\n\x07verdict\x18\n \x01(\x0e\x32\x14.ferryman.v1.Verdict\"\xd1\x02\n\x08\x41uditRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66low\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.ferryman.v1.AuditState\x12%\n\x07verdict\x18\x04 \x01(\x0e\x32\x14.ferryman.v1.Verdict\x12&\n\x05range\x18\x05 \x01(\x0b\x32\x17.ferryman.v1.AuditRange\x12\x15\n\rstarted_at_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x07 \x01(\x03\x12(\n\x06totals\x18\x08 \x01(\x0b\x32\x18.ferryman.v1.AuditCounts\x12/\n\npartitions\x18\t \x03(\x0b\x32\x1b.ferryman.v1.PartitionAudit\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x17\n\x0fpartition_count\x18\x0b \x01(\x05\"n\n\rAuditProgress\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.ferryman.v1.AuditState\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\x12\n\ntasks_done\x18\x03 \x01(\x05\x12\x13\n\x0btasks_total\x18\x04 \x01(\x05\"I\n\x11StartAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12&\n\x05range\x18\x02 \x01(\x0b\x32\x17.ferryman.v1.AuditRange\"8\n\x12StartAuditResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.ferryman.v1.AuditRun\"2\n\x12\x46ollowAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"w\n\x13\x46ollowAuditResponse\x12.\n\x08progress\x18\x01 \x01(\x0b\x32\x1a.ferryman.v1.AuditProgressH\x00\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x15.ferryman.v1.AuditRunH\x00\x42\x07\n\x05\x65vent\"/\n\x0fGetAuditRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"6\n\x10GetAuditResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.ferryman.v1.AuditRun\"0\n\x11ListAuditsRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"9\n\x12ListAuditsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.ferryman.v1.AuditRun*\x8c\x01\n\nAuditState\x12\x1b\n\x17\x41UDIT_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41UDIT_STATE_QUEUED\x10\x01\x12\x17\n\x13\x41UDIT_STATE_RUNNING\x10\x02\x12\x18\n\x14\x41UDIT_STATE_FINISHED\x10\x03\x12\x16\n\x12\x41UDIT_STATE_FAILED\x10\x04*R\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x18\n\x14VERDICT_EXACTLY_ONCE\x10\x01\x12\x14\n\x10VERDICT_VIOLATED\x10\x02\x32\xc9\x02\n\x0c\x41uditService\x12M\n\nStartAudit\x12\x1e.ferryman.v1.StartAuditRequest\x1a\x1f.ferryman.v1.StartAuditResponse\x12R\n\x0b\x46ollowAudit\x12\x1f.ferryman.v1.FollowAuditRequest\x1a .ferryman.v1.FollowAuditResponse0\x01\x12G\n\x08GetAudit\x12\x1c.ferryman.v1.GetAuditRequest\x1a\x1d.ferryman.v1.GetAuditResponse\x12M\n\nListAudits\x12\x1e.ferryman.v1.ListAuditsRequest\x1a\x1f.ferryman.v1.ListAuditsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OFFSETRANGE_STARTOFFSETSENTRY']._serialized_options = b'8\001'
   _globals['_OFFSETRANGE_ENDOFFSETSENTRY']._loaded_options = None
   _globals['_OFFSETRANGE_ENDOFFSETSENTRY']._serialized_options = b'8\001'
-  _globals['_AUDITSTATE']._serialized_start=2045
-  _globals['_AUDITSTATE']._serialized_end=2185
-  _globals['_VERDICT']._serialized_start=2187
-  _globals['_VERDICT']._serialized_end=2269
+  _globals['_AUDITSTATE']._serialized_start=2070
+  _globals['_AUDITSTATE']._serialized_end=2210
+  _globals['_VERDICT']._serialized_start=2212
+  _globals['_VERDICT']._serialized_end=2294
   _globals['_AUDITRANGE']._serialized_start=41
   _globals['_AUDITRANGE']._serialized_end=170
   _globals['_OFFSETRANGE']._serialized_start=173
@@ -56,25 +56,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONAUDIT']._serialized_start=705
   _globals['_PARTITIONAUDIT']._serialized_end=1095
   _globals['_AUDITRUN']._serialized_start=1098
-  _globals['_AUDITRUN']._serialized_end=1410
-  _globals['_AUDITPROGRESS']._serialized_start=1412
-  _globals['_AUDITPROGRESS']._serialized_end=1522
-  _globals['_STARTAUDITREQUEST']._serialized_start=1524
-  _globals['_STARTAUDITREQUEST']._serialized_end=1597
-  _globals['_STARTAUDITRESPONSE']._serialized_start=1599
-  _globals['_STARTAUDITRESPONSE']._serialized_end=1655
-  _globals['_FOLLOWAUDITREQUEST']._serialized_start=1657
-  _globals['_FOLLOWAUDITREQUEST']._serialized_end=1707
-  _globals['_FOLLOWAUDITRESPONSE']._serialized_start=1709
-  _globals['_FOLLOWAUDITRESPONSE']._serialized_end=1828
-  _globals['_GETAUDITREQUEST']._serialized_start=1830
-  _globals['_GETAUDITREQUEST']._serialized_end=1877
-  _globals['_GETAUDITRESPONSE']._serialized_start=1879
-  _globals['_GETAUDITRESPONSE']._serialized_end=1933
-  _globals['_LISTAUDITSREQUEST']._serialized_start=1935
-  _globals['_LISTAUDITSREQUEST']._serialized_end=1983
-  _globals['_LISTAUDITSRESPONSE']._serialized_start=1985
-  _globals['_LISTAUDITSRESPONSE']._serialized_end=2042
-  _globals['_AUDITSERVICE']._serialized_start=2272
-  _globals['_AUDITSERVICE']._serialized_end=2601
+  _globals['_AUDITRUN']._serialized_end=1435
+  _globals['_AUDITPROGRESS']._serialized_start=1437
+  _globals['_AUDITPROGRESS']._serialized_end=1547
+  _globals['_STARTAUDITREQUEST']._serialized_start=1549
+  _globals['_STARTAUDITREQUEST']._serialized_end=1622
+  _globals['_STARTAUDITRESPONSE']._serialized_start=1624
+  _globals['_STARTAUDITRESPONSE']._serialized_end=1680
+  _globals['_FOLLOWAUDITREQUEST']._serialized_start=1682
+  _globals['_FOLLOWAUDITREQUEST']._serialized_end=1732
+  _globals['_FOLLOWAUDITRESPONSE']._serialized_start=1734
+  _globals['_FOLLOWAUDITRESPONSE']._serialized_end=1853
+  _globals['_GETAUDITREQUEST']._serialized_start=1855
+  _globals['_GETAUDITREQUEST']._serialized_end=1902
+  _globals['_GETAUDITRESPONSE']._serialized_start=1904
+  _globals['_GETAUDITRESPONSE']._serialized_end=1958
+  _globals['_LISTAUDITSREQUEST']._serialized_start=1960
+  _globals['_LISTAUDITSREQUEST']._serialized_end=2008
+  _globals['_LISTAUDITSRESPONSE']._serialized_start=2010
+  _globals['_LISTAUDITSRESPONSE']._serialized_end=2067
+  _globals['_AUDITSERVICE']._serialized_start=2297
+  _globals['_AUDITSERVICE']._serialized_end=2626
 # @@protoc_insertion_point(module_scope)

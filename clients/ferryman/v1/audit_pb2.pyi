@@ -373,6 +373,7 @@ class AuditRun(_message.Message):
     TOTALS_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    PARTITION_COUNT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """run_id names the run (sorts by start time)."""
     flow: _builtins.str
@@ -387,6 +388,8 @@ class AuditRun(_message.Message):
     """finished_at_ms is when it finished, in ms since the epoch (0: not yet)."""
     error: _builtins.str
     """error says why a FAILED run could not run."""
+    partition_count: _builtins.int
+    """partition_count counts the partitions checked (set by ListAudits too)."""
     @_builtins.property
     def range(self) -> Global___AuditRange:
         """range is what the run checks."""
@@ -412,10 +415,11 @@ class AuditRun(_message.Message):
         totals: Global___AuditCounts | None = ...,
         partitions: _abc.Iterable[Global___PartitionAudit] | None = ...,
         error: _builtins.str = ...,
+        partition_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["range", b"range", "totals", b"totals"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at_ms", b"finished_at_ms", "flow", b"flow", "partitions", b"partitions", "range", b"range", "run_id", b"run_id", "started_at_ms", b"started_at_ms", "state", b"state", "totals", b"totals", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_at_ms", b"finished_at_ms", "flow", b"flow", "partition_count", b"partition_count", "partitions", b"partitions", "range", b"range", "run_id", b"run_id", "started_at_ms", b"started_at_ms", "state", b"state", "totals", b"totals", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
