@@ -73,6 +73,15 @@ TimeoutOption = Annotated[float, typer.Option("--timeout", help="Deadline of the
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")]
 
 
+def connection(token: str | None, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> RpcConfig:
+    """The ``RpcConfig`` of the shared connection options (--token, --ca-file, --cert-file, --key-file).
+
+    Raises:
+        ConfigError: the TLS options are incomplete.
+    """
+    return _rpc(token, ca_file, cert_file, key_file)
+
+
 def _rpc(token: str | None, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> RpcConfig:
     tls = {k: str(v) for k, v in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)) if v}
     data: dict[str, Any] = {"tls": tls}
