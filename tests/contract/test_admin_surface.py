@@ -13,6 +13,7 @@ import typer
 from ferryman.admin import FerrymanAdmin
 from ferryman.cli import app
 from ferryman.v1 import audit_pb2, control_pb2
+from typer.core import TyperGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 _STATUS_SERVICES = ("WrapperService", "DeduperService")
@@ -37,9 +38,12 @@ def _audit_rpcs() -> list[str]:
 
 
 def _commands(group: str | None = None) -> set[str]:
-    root = typer.main.get_command(app)
-    command = root.commands[group] if group else root  # type: ignore[attr-defined]
-    return set(command.commands)  # type: ignore[attr-defined]
+    command = typer.main.get_command(app)
+    if group:
+        assert isinstance(command, TyperGroup)
+        command = command.commands[group]
+    assert isinstance(command, TyperGroup)
+    return set(command.commands)
 
 
 @pytest.mark.parametrize("rpc", _status_rpcs())
