@@ -148,3 +148,32 @@ def test_a_started_run_waits_for_the_session_lock() -> None:
         assert not ran.wait(0.2) and run.state == "QUEUED"
     wait_until(lambda: run.done, 10, 0.01, "the run")
     assert run.state == FINISHED
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def cancelAllJobs(self) -> None:  # noqa: N802 -- SparkContext's name
+        self.cancelled.set()
+
+
+class _Spark:
+    def __init__(self) -> None:
+        self.sparkContext = _Context()
+
+
+def test_shutdown_lets_a_run_finish_within_its_timeout_then_cancels_it_and_its_jobs() -> None:
+    spark = _Spark()
+
+    def runner(*_args: Any, cancel: threading.Event, **_kwargs: Any) -> AuditReport:
+        spark.sparkContext.cancelled.wait(10)  # a Spark job, until its jobs are cancelled
+        assert cancel.is_set()
+        raise AuditError("the audit job was cancelled")
+
+    runs = _runs(runner)
+    runs.spark = spark  # type: ignore[assignment]
+    run = runs.start(runs.config.flows[0], AuditRange())
+    runs.shutdown(0.1)
+    assert run.done and run.state == FAILED
+    assert spark.sparkContext.cancelled.is_set()

@@ -307,7 +307,13 @@ def schedule(
         with contextlib.ExitStack() as api:
             if auditor.listen_address:
                 api.enter_context(
-                    serve_audit_api(runs, chosen.name, listen_address=auditor.listen_address, rpc=cfg.rpc)
+                    serve_audit_api(
+                        runs,
+                        chosen.name,
+                        listen_address=auditor.listen_address,
+                        rpc=cfg.rpc,
+                        shutdown_timeout_s=auditor.shutdown_timeout_s,
+                    )
                 )
             outcome = scheduler.run()
     except (ConfigError, RpcBindError) as exc:

@@ -153,8 +153,13 @@ def _run_message(run: StartedRun, *, with_partitions: bool = True) -> audit_pb2.
 
 
 @contextlib.contextmanager
-def serve_audit_api(runs: AuditRuns, default_flow: str, *, listen_address: str, rpc: RpcConfig) -> Iterator[RpcServer]:
+def serve_audit_api(
+    runs: AuditRuns, default_flow: str, *, listen_address: str, rpc: RpcConfig, shutdown_timeout_s: float = 0.0
+) -> Iterator[RpcServer]:
     """Serve `AuditService` on listen_address (SERVING at once: the session is up) until the block ends.
+
+    On leaving: health NOT_SERVING, a started run in progress gets shutdown_timeout_s to finish (its
+    followers still served), then it is cancelled, then the server stops.
 
     Raises:
         RpcBindError: the address cannot be bound.
@@ -172,4 +177,5 @@ def serve_audit_api(runs: AuditRuns, default_flow: str, *, listen_address: str, 
         try:
             yield server
         finally:
-            runs.shutdown()
+            server.begin_drain()
+            runs.shutdown(shutdown_timeout_s)

@@ -32,6 +32,10 @@ _log = logging.getLogger(__name__)
 #: failed ones, which are stored nowhere, readable for a while without growing for ever).
 _KEPT_RUNS = 100
 
+#: How long a cancelled run may take to return at shutdown (as the scheduler's abandon budget: cancelled
+#: Spark tasks end within a second or two; planning reads within one Kafka budget, not waited out in full).
+_ABANDON_BUDGET_S = 10.0
+
 QUEUED, RUNNING, FINISHED, FAILED = "QUEUED", "RUNNING", "FINISHED", "FAILED"
 
 
@@ -126,11 +130,26 @@ class AuditRuns:
             self._changed.wait_for(lambda: run.version != seen, timeout=timeout_s)
             return run.version
 
-    def shutdown(self) -> None:
-        """Tell a started run to cancel (the scheduler's shutdown cancels the session's jobs)."""
+    def shutdown(self, timeout_s: float) -> None:
+        """Let a started run in progress finish within timeout_s, then cancel it (nothing of it stored).
+
+        As the scheduler treats its own run on SIGTERM: cancelled, the run's Spark jobs are cancelled
+        too, and it is waited for at most `_ABANDON_BUDGET_S` more. Idempotent.
+        """
         with self._changed:
-            if self._active is not None:
-                self._active.cancel.set()
+            if self._changed.wait_for(lambda: self._active is None, timeout=timeout_s):
+                return
+            active = self._active
+        if active is None:
+            return
+        _log.warning("stopping: abandoning audit %s started over the API (nothing of it is stored)", active.run_id)
+        active.cancel.set()
+        try:
+            self.spark.sparkContext.cancelAllJobs()
+        except Exception:  # a Spark that cannot cancel (stopping, gone): the budget still holds
+            _log.exception("cancelling the Spark jobs of audit %s failed", active.run_id)
+        with self._changed:
+            self._changed.wait_for(lambda: self._active is None, timeout=_ABANDON_BUDGET_S)
 
     def _update(self, run: StartedRun, **changes: object) -> None:
         with self._changed:
