@@ -126,14 +126,24 @@ def test_an_audit_started_over_the_api_is_followed_to_its_verdict_and_read_back(
     assert rows[0]["expected"] == PARTITIONS * PER_PARTITION
 
 
-def test_a_fresh_server_reads_results_from_the_audit_topic(
+def test_audit_run_through_the_api_and_a_fresh_server_reads_it_from_the_audit_topic(
     spark: SparkSession, server: str, flow_config: tuple[FerrymanConfig, str]
 ) -> None:
-    config, _ = flow_config
-    with FerrymanAdmin(server, _client_rpc()) as admin:
-        started = admin.start_audit()
-        for _ in admin.follow_audit(started.run_id):
-            pass
+    config, topic = flow_config
+    # Started and followed by the CLI as a user runs it: the scheduler's Spark does the work.
+    ran = subprocess.run(
+        [str(BIN / "ferryman"), "audit", "run", "--server", server, "--token", TOKEN, "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout)
+    assert report["verdict"] == "EXACTLY_ONCE" and report["range"] == {"kind": "since-last"}
+    assert [(p["topic"], p["partition"], p["expected"], p["found"]) for p in report["partitions"]] == [
+        (topic, p, PER_PARTITION, PER_PARTITION) for p in range(PARTITIONS)
+    ]
     # Another server (a restarted scheduler) knows the run only from the flow's audit topic.
     with (
         serve_audit_api(
@@ -141,9 +151,9 @@ def test_a_fresh_server_reads_results_from_the_audit_topic(
         ) as fresh,
         FerrymanAdmin(f"127.0.0.1:{fresh.port}", _client_rpc()) as admin,
     ):
-        stored = admin.get_audit(started.run_id)
+        stored = admin.get_audit(report["run_id"])
         assert stored.verdict == audit_pb2.VERDICT_EXACTLY_ONCE and len(stored.partitions) == PARTITIONS
-        assert admin.get_audit().run_id == started.run_id  # the latest stored run
+        assert admin.get_audit().run_id == report["run_id"]  # the latest stored run
         shown = subprocess.run(
             [str(BIN / "ferryman"), "audit", "show", "--server", f"127.0.0.1:{fresh.port}", "--output", "json"],
             capture_output=True,
@@ -153,7 +163,7 @@ def test_a_fresh_server_reads_results_from_the_audit_topic(
             env={**os.environ, "FERRYMAN_TOKEN": TOKEN},
         )
         assert shown.returncode == 0, shown.stderr
-        assert json.loads(shown.stdout)["run_id"] == started.run_id
+        assert json.loads(shown.stdout) == report  # the same JSON as audit run printed
 
 
 def test_bad_requests_get_precise_codes(server: str) -> None:
