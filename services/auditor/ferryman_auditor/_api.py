@@ -25,7 +25,7 @@ from ferryman.v1 import audit_pb2, audit_pb2_grpc
 from ferryman_auditor._convert import counts, range_from_proto, range_to_proto, run_of_report
 from ferryman_auditor._errors import AuditError
 from ferryman_auditor._report import AuditReport
-from ferryman_auditor._runs import FAILED, FINISHED, RUNNING, AuditRuns, StartedRun
+from ferryman_auditor._runs import FAILED, FINISHED, QUEUED, RUNNING, AuditRuns, StartedRun
 from ferryman_auditor._store import AuditStore
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ AUDIT_SERVICE = audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name
 _FOLLOW_POLL_S = 0.5
 
 _STATES = {
-    "QUEUED": audit_pb2.AUDIT_STATE_QUEUED,
+    QUEUED: audit_pb2.AUDIT_STATE_QUEUED,
     RUNNING: audit_pb2.AUDIT_STATE_RUNNING,
     FINISHED: audit_pb2.AUDIT_STATE_FINISHED,
     FAILED: audit_pb2.AUDIT_STATE_FAILED,
