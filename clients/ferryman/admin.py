@@ -1,4 +1,4 @@
-"""Typed client of the services' admin and status RPCs (``WrapperService``, ``DeduperService``, ``FlowService``).
+"""Typed client of the admin and status RPCs (Wrapper-, Deduper-, Flow- and AuditService).
 
 `FerrymanAdmin` keeps one channel to one service (TLS and the bearer token as ``RpcConfig``
 says), gives every call a default deadline, retries only calls that are safe to repeat (the
@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -24,8 +24,9 @@ from google.protobuf import field_mask_pb2
 from opentelemetry.trace import TracerProvider
 
 from ferryman.config import RpcConfig
+from ferryman.errors import ConfigError
 from ferryman.rpc import RpcError, open_channel, rpc_error_from
-from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2, flows_pb2_grpc
+from ferryman.v1 import audit_pb2, audit_pb2_grpc, control_pb2, control_pb2_grpc, flows_pb2, flows_pb2_grpc
 
 T = TypeVar("T")
 
@@ -40,6 +41,15 @@ FLOW_TIMEOUT_S = 30.0
 #: Waits before the retries of a safe call that found the server UNAVAILABLE (a restart, a
 #: connection being set up); short, as a person is usually waiting.
 _RETRY_BACKOFF_S = (0.1, 0.3, 1.0)
+
+#: Default deadline of the audit reads (get_audit, list_audits) and of start_audit: the scheduler
+#: reads the flow's audit topic from the destination cluster for each, which takes a Kafka round
+#: trip or a few, longer than a status read from memory.
+AUDIT_TIMEOUT_S = 30.0
+
+#: Default deadline of follow_audit: the stream lasts as long as the audit (plus its wait for the
+#: scheduler's run in progress); an hour covers an incremental audit, a longer one sets its own.
+FOLLOW_TIMEOUT_S = 3600.0
 
 
 class AdminError(RpcError):
@@ -158,6 +168,7 @@ class FerrymanAdmin:
         self._wrapper = control_pb2_grpc.WrapperServiceStub(self._channel)
         self._deduper = control_pb2_grpc.DeduperServiceStub(self._channel)
         self._flows = flows_pb2_grpc.FlowServiceStub(self._channel)
+        self._audit = audit_pb2_grpc.AuditServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
@@ -303,6 +314,80 @@ class FerrymanAdmin:
         except grpc.RpcError as exc:
             raise _translate(exc) from None
 
+    def start_audit(
+        self,
+        flow: str = "",
+        *,
+        topics: tuple[str, ...] = (),
+        start_offsets: Mapping[int, int] | None = None,
+        end_offsets: Mapping[int, int] | None = None,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> audit_pb2.AuditRun:
+        """``AuditService.StartAudit`` at an audit scheduler: queue an audit, return the run (QUEUED or RUNNING).
+
+        The range is as ``ferryman audit run`` takes it: source offsets (``start_offsets``/``end_offsets``),
+        a time window (``start_ms``/``end_ms``), or neither (since the last verified position). Never
+        retried: a start whose answer was lost may have started a run (`list_audits` shows it).
+
+        Raises:
+            AdminError: ``code`` INVALID_ARGUMENT (a bad range: the message names the field), NOT_FOUND
+                (no such flow), FAILED_PRECONDITION (a started run is in progress: ``metadata["run_id"]``).
+        """
+        request = audit_pb2.StartAuditRequest(
+            flow=flow, range=audit_range(topics, start_offsets, end_offsets, start_ms, end_ms)
+        )
+        timeout = AUDIT_TIMEOUT_S if timeout_s is None else timeout_s
+        try:
+            return self._audit.StartAudit(request, timeout=timeout).run
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+
+    def follow_audit(
+        self, run_id: str, flow: str = "", *, timeout_s: float | None = None
+    ) -> Iterator[audit_pb2.FollowAuditResponse]:
+        """``AuditService.FollowAudit``: the run's progress events, the last one its result (``result``).
+
+        Not retried (a broken stream raises; following again is safe).
+
+        Raises:
+            AdminError: while iterating; NOT_FOUND for an unknown flow or run.
+        """
+        request = audit_pb2.FollowAuditRequest(flow=flow, run_id=run_id)
+        stream = self._audit.FollowAudit(request, timeout=FOLLOW_TIMEOUT_S if timeout_s is None else timeout_s)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        finally:
+            stream.cancel()
+
+    def get_audit(self, run_id: str = "", flow: str = "", *, timeout_s: float | None = None) -> audit_pb2.AuditRun:
+        """``AuditService.GetAudit``: one run with its per-partition results (default: the latest stored).
+
+        Raises:
+            AdminError: NOT_FOUND for an unknown flow or run.
+        """
+        request = audit_pb2.GetAuditRequest(flow=flow, run_id=run_id)
+        return self._safe_call(
+            lambda t: self._audit.GetAudit(request, timeout=t).run, AUDIT_TIMEOUT_S if timeout_s is None else timeout_s
+        )
+
+    def list_audits(
+        self, flow: str = "", *, limit: int = 0, timeout_s: float | None = None
+    ) -> list[audit_pb2.AuditRun]:
+        """``AuditService.ListAudits``: a flow's runs, oldest first, without partitions (limit: the most recent).
+
+        Raises:
+            AdminError: NOT_FOUND for an unknown flow.
+        """
+        request = audit_pb2.ListAuditsRequest(flow=flow, limit=limit)
+        return self._safe_call(
+            lambda t: list(self._audit.ListAudits(request, timeout=t).runs),
+            AUDIT_TIMEOUT_S if timeout_s is None else timeout_s,
+        )
+
     def _safe_call(self, call: Callable[[float], T], timeout_s: float | None) -> T:
         """call(remaining deadline), repeated on UNAVAILABLE: only for calls that change nothing."""
         deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
@@ -319,3 +404,30 @@ class FerrymanAdmin:
                     raise _translate(exc) from None
             attempt += 1
             time.sleep(backoff_s)  # a retry's backoff, bounded by the call's deadline
+
+
+def audit_range(
+    topics: tuple[str, ...] = (),
+    start_offsets: Mapping[int, int] | None = None,
+    end_offsets: Mapping[int, int] | None = None,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+) -> audit_pb2.AuditRange:
+    """The ``AuditRange`` message of `FerrymanAdmin.start_audit`'s arguments (the server checks the values).
+
+    Raises:
+        ConfigError: both source offsets and a time window.
+    """
+    if (start_offsets is not None or end_offsets is not None) and (start_ms is not None or end_ms is not None):
+        raise ConfigError("an audit range is source offsets or a time window, not both")
+    message = audit_pb2.AuditRange(topics=list(topics))
+    if start_offsets is not None or end_offsets is not None:
+        message.offsets.start_offsets.update(start_offsets or {})
+        message.offsets.end_offsets.update(end_offsets or {})
+        message.offsets.SetInParent()
+    if start_ms is not None or end_ms is not None:
+        message.time_window.start_ms = start_ms or 0
+        if end_ms is not None:
+            message.time_window.end_ms = end_ms
+        message.time_window.SetInParent()
+    return message

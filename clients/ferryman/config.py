@@ -393,6 +393,10 @@ class AuditorConfig(_Model, frozen=True):
     """On SIGTERM, how long a run in progress may take to finish and store its results before
     its Spark job is cancelled and the run abandoned (nothing of it stored: the next run checks
     that range again)."""
+    listen_address: str = ""
+    """``host:port`` of the scheduler's gRPC admin API (``AuditService``: start, follow and read
+    audits; TLS and tokens as ``rpc`` says). Empty: no API (the default, as the API starts Spark
+    jobs on the scheduler's session); port 0 picks a free port."""
 
 
 class TracingConfig(_Model, frozen=True):

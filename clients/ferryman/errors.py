@@ -144,3 +144,15 @@ class FlowNotLiveError(FlowError, PreconditionError):
 
 class FlowCycleError(FlowError, PreconditionError):
     """The flow would close a replication cycle in which topics could come back (FAILED_PRECONDITION)."""
+
+
+class BusyError(PreconditionError):
+    """The server is busy with what this request would start (an audit run already queued or running).
+
+    Attributes:
+        details: What is in the way (``run_id``: the run), sent as ``ErrorInfo`` metadata.
+    """
+
+    def __init__(self, message: str, details: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})

@@ -13,13 +13,13 @@ import pytest
 import typer
 from ferryman.admin import FerrymanAdmin
 from ferryman.cli import app
-from ferryman.v1 import control_pb2, envelope_pb2, flows_pb2, state_pb2
+from ferryman.v1 import audit_pb2, control_pb2, envelope_pb2, flows_pb2, state_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-_FILES = (control_pb2, envelope_pb2, flows_pb2, state_pb2)
+_FILES = (audit_pb2, control_pb2, envelope_pb2, flows_pb2, state_pb2)
 _NOT_OPERATOR = frozenset({"ControlService"})
 #: Services whose client methods keep the RPC's verb (``GetFlow`` -> ``get_flow``); the status reads drop ``Get``.
-_VERB_KEPT = frozenset({"FlowService"})
+_VERB_KEPT = frozenset({"FlowService", "AuditService"})
 
 
 def _operator_rpcs() -> list[tuple[str, str]]:
@@ -39,7 +39,7 @@ def _method(service: str, rpc: str) -> str:
 
 
 def test_the_operator_services_are_all_seen() -> None:
-    assert {s for s, _ in _operator_rpcs()} == {"WrapperService", "DeduperService", "FlowService"}
+    assert {s for s, _ in _operator_rpcs()} == {"WrapperService", "DeduperService", "FlowService", "AuditService"}
     assert ("DeduperService", "TranslateOffsets") in _operator_rpcs()
 
 
@@ -53,7 +53,7 @@ def test_every_operator_rpc_has_a_client_method(service: str, rpc: str) -> None:
 def test_every_operator_rpc_is_reached_by_a_cli_command(service: str, rpc: str) -> None:
     """A command module calls the client method, directly or through service_status (which calls both status reads)."""
     commands = {c.name for c in typer.main.get_command(app).commands.values()}  # type: ignore[attr-defined]
-    assert {"status", "lag", "offsets", "flows"} <= commands
+    assert {"status", "lag", "offsets", "flows", "audit"} <= commands
     cli_sources = "".join(p.read_text() for p in (ROOT / "clients/ferryman/cli").glob("*.py"))
     client = (ROOT / "clients/ferryman/admin.py").read_text()
     method = _method(service, rpc)
@@ -96,3 +96,12 @@ def test_every_server_command_takes_the_same_connection_options(command: str) ->
     flags = {o for p in cmd.params for o in p.opts}
     wanted = {"--server", "--token", "--ca-file", "--cert-file", "--key-file", "--server-name", "--timeout", "--output"}
     assert wanted <= flags, f"ferryman {command} lacks {sorted(wanted - flags)}"
+
+
+@pytest.mark.parametrize("rpc", [r for s, r in _operator_rpcs() if s == "AuditService"])
+def test_every_audit_rpc_is_reached_by_an_audit_command(rpc: str) -> None:
+    """``ferryman audit run|list|show --server`` call the client methods (run: start, then follow)."""
+    audit_group = typer.main.get_command(app).commands["audit"]  # type: ignore[attr-defined]
+    assert {"run", "list", "show"} <= set(audit_group.commands)
+    source = (ROOT / "clients/ferryman/cli/_audit_remote.py").read_text()
+    assert f".{_method('AuditService', rpc)}(" in source

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from ferryman_local import reserve_port
 
 from tests.helpers.audit import audit_config, copy_topic, produce_copy, write_audit_config
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
@@ -95,10 +96,17 @@ def test_scheduler_audits_a_running_flow_every_interval_only_new_data_and_exits_
     log = tmp_path / "schedule.log"
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
         read_all(destination_cluster.bootstrap_servers, dest, expected=PARTITIONS * FIRST, timeout_s=120)
-        with _scheduler(flow.config, log, "--interval-s", "1") as proc:
+        api = f"127.0.0.1:{reserve_port()}"
+        with _scheduler(flow.config, log, "--interval-s", "1", "--listen-address", api) as proc:
             runs = wait_until(lambda: _at_least(2, _runs(flow.config)), _RUNS_BUDGET_S, _POLL_S, "two runs")
             assert runs[0]["expected"] == PARTITIONS * FIRST  # the first run checks everything replicated
             assert all(r["expected"] == 0 for r in runs[1:]), runs  # then nothing new: nothing checked
+
+            # The scheduler serves the audit API: the same runs, read through it (no Spark in that process).
+            through_api = _ferryman("audit", "list", "--server", api, "--output", "json", "--limit", "0")
+            assert through_api.returncode == 0, through_api.stderr
+            api_runs = [r["run_id"] for r in json.loads(through_api.stdout)]
+            assert api_runs[:2] == [r["run_id"] for r in runs[:2]]
 
             # More data while the flow and the scheduler run: later runs check it, and only it (each run ends
             # at the flow's committed watermark, so a record is checked once its copy is committed).

@@ -6,6 +6,7 @@ when a command needs it, so the rest of the CLI starts without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ferryman.cli._audit_remote import remote_list, remote_run, remote_show
 from ferryman.cli._common import (
     EXIT_FAILED,
     EXIT_FINDING,
@@ -35,10 +37,25 @@ from ferryman.cli._common import (
     fail,
     load_flow,
 )
+from ferryman.cli._connection import CaOption, CertOption, KeyOption, TokenOption, connect
 from ferryman.client_config import base_config
-from ferryman.config import AuditorConfig, validated
+from ferryman.config import AuditorConfig, RpcConfig, validated
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
+from ferryman.rpc import RpcBindError
+
+#: The audit scheduler to go through instead of running Spark here (its auditor.listen_address).
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        "-s",
+        envvar="FERRYMAN_AUDIT_SERVER",
+        help="host:port of an audit scheduler's API: the audit runs (or is read) there, no Spark here "
+        "(env FERRYMAN_AUDIT_SERVER).",
+        show_default=False,
+    ),
+]
 
 if TYPE_CHECKING:
     from ferryman_auditor import AuditRange, AuditReport, ScheduleOutcome
@@ -133,11 +150,37 @@ def run(
         typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
     ] = None,
     output: OutputOption = "text",
+    server: ServerOption = None,
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
 ) -> int:
     """Audit a flow: since the last verified position, or over explicit offsets or a time window.
 
-    Exit status: 0 exactly once, 1 violated, 2 bad usage, 3 the audit could not run.
+    With --server the audit scheduler there runs it on its Spark session (progress followed here).
+
+    Exit status: 0 exactly once, 1 violated, 2 bad usage, 3 the audit could not run (with --server: 4 no answer,
+    5 credentials refused).
     """
+    if server:
+        try:
+            check_output(output)
+            if (start_offsets or end_offsets) and (since or until):
+                raise ConfigError(
+                    "give source offsets (--start-offsets/--end-offsets) or a time window (--since/--until)"
+                )
+            range_args = {
+                "topics": tuple(topic or ()),
+                "start_offsets": _offsets(start_offsets, "--start-offsets"),
+                "end_offsets": _offsets(end_offsets, "--end-offsets"),
+                "start_ms": _time_ms(since, "--since"),
+                "end_ms": _time_ms(until, "--until"),
+            }
+            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+        except ConfigError as exc:
+            return fail(str(exc), EXIT_USAGE)
+        return remote_run(server, rpc=rpc, flow=flow or "", range_args=range_args, output=output, show=_print_run)
     try:
         check_output(output)
         cfg, chosen = load_flow(config, flow)
@@ -187,6 +230,15 @@ def schedule(
             show_default=False,
         ),
     ] = None,
+    listen_address: Annotated[
+        str | None,
+        typer.Option(
+            "--listen-address",
+            help="host:port of the audit API (AuditService: audit run|list|show --server); default: the "
+            "configuration's auditor.listen_address, empty: no API (env FERRYMAN_AUDITOR__LISTEN_ADDRESS).",
+            show_default=False,
+        ),
+    ] = None,
     master: Annotated[
         str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
     ] = None,
@@ -202,6 +254,9 @@ def schedule(
 
     One Spark session serves every run; each verdict is logged on stderr (reports: audit list, audit show).
 
+    With --listen-address (auditor.listen_address) it also serves the audit API: runs started there
+    (audit run --server) take turns with the scheduled ones on the session, one started run at a time.
+
     On SIGTERM a run in progress gets --shutdown-timeout-s to finish, then it is abandoned (nothing stored).
 
     Exit status once stopped: 0 all runs exactly once, 1 a run found a violation, 2 bad usage, 3 the last failed.
@@ -210,7 +265,11 @@ def schedule(
         if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
         cfg, chosen = load_flow(config, flow)
-        overrides = {"interval_s": interval_s, "shutdown_timeout_s": shutdown_timeout_s}
+        overrides = {
+            "interval_s": interval_s,
+            "shutdown_timeout_s": shutdown_timeout_s,
+            "listen_address": listen_address,
+        }
         auditor = validated(
             AuditorConfig,
             {**msgspec.structs.asdict(cfg.auditor), **{k: v for k, v in overrides.items() if v is not None}},
@@ -222,7 +281,7 @@ def schedule(
         level=log_level, format="%(asctime)s %(levelname)s ferryman-audit %(name)s: %(message)s", stream=sys.stderr
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway connection otherwise
-    from ferryman_auditor import AuditSettings, flow_scheduler, spark_session  # noqa: PLC0415
+    from ferryman_auditor import AuditRuns, AuditSettings, flow_scheduler, serve_audit_api, spark_session  # noqa: PLC0415
 
     signals = StopSignals()
     signals.install()
@@ -232,17 +291,33 @@ def schedule(
         return fail(f"Spark did not start: {exc}", EXIT_FAILED)
     try:
         signals.install()  # again: PySpark installs a SIGINT handler of its own with its context
+        settings = AuditSettings(reports_dir=reports_dir)
+        runs = AuditRuns(spark, cfg, settings=settings)
         scheduler = flow_scheduler(
             spark,
             cfg,
             chosen,
             topics=tuple(topic) if topic else None,
-            settings=AuditSettings(reports_dir=reports_dir),
+            settings=settings,
             interval_s=auditor.interval_s,
             shutdown_timeout_s=auditor.shutdown_timeout_s,
+            session_lock=runs.session_lock,
         )
         signals.forward_to(scheduler.shutdown)
-        outcome = scheduler.run()
+        with contextlib.ExitStack() as api:
+            if auditor.listen_address:
+                api.enter_context(
+                    serve_audit_api(
+                        runs,
+                        chosen.name,
+                        listen_address=auditor.listen_address,
+                        rpc=cfg.rpc,
+                        shutdown_timeout_s=auditor.shutdown_timeout_s,
+                    )
+                )
+            outcome = scheduler.run()
+    except (ConfigError, RpcBindError) as exc:
+        return fail(str(exc), EXIT_USAGE)
     finally:
         spark.stop()
     if outcome.usage_error is not None:
@@ -304,20 +379,25 @@ def _progress(
 
 
 def _print_report(report: AuditReport, output: str) -> None:
+    _print_run(report.as_dict(), output)
+
+
+def _print_run(run: dict[str, Any], output: str) -> None:
+    """A run in `AuditReport.as_dict`'s shape (local, or from the API), as JSON or a table."""
     if output == "json":
-        print(report.to_json())
+        print(json.dumps(run))
         return
     console = Console()
-    table = Table(title=f"audit {report.run_id} of flow {report.flow} ({report.range.get('kind')})")
+    table = Table(title=f"audit {run['run_id']} of flow {run['flow']} ({run['range'].get('kind')})")
     for name in ("topic", "partition", *_COLUMNS, "map agrees"):
         table.add_column(name, justify="left" if name == "topic" else "right")
-    for p in report.partitions:
-        values = [str(getattr(p, c)) for c in _COLUMNS]
-        agrees = "-" if p.offset_map is None else ("yes" if p.alignments_agree else "NO")
-        table.add_row(p.topic, str(p.partition), *values, agrees)
+    for p in run["partitions"]:
+        values = [str(p[c]) for c in _COLUMNS]
+        agrees = "-" if p["offset_map"] is None else ("yes" if p["alignments_agree"] else "NO")
+        table.add_row(p["topic"], str(p["partition"]), *values, agrees)
     console.print(table)
-    style = "green" if report.verdict == "EXACTLY_ONCE" else "bold red"
-    console.print(f"verdict: [{style}]{report.verdict}[/{style}]")
+    style = "green" if run["verdict"] == "EXACTLY_ONCE" else "bold red"
+    console.print(f"verdict: [{style}]{run['verdict']}[/{style}]")
 
 
 def _load_runs(config: Path | None, flow: str | None) -> tuple[str, list[AuditReport]]:
@@ -332,12 +412,25 @@ def _load_runs(config: Path | None, flow: str | None) -> tuple[str, list[AuditRe
 
 @group.command("list")
 def list_runs(
+    *,
     config: ConfigOption = None,
     flow: FlowOption = None,
     limit: Annotated[int, typer.Option(help="Most recent runs to list.")] = 20,
     output: OutputOption = "text",
+    server: ServerOption = None,
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
 ) -> int:
-    """List a flow's audits, newest last (from its audit topic)."""
+    """List a flow's audits, newest last (from its audit topic, or from the audit scheduler at --server)."""
+    if server:
+        try:
+            check_output(output)
+            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+        except ConfigError as exc:
+            return fail(str(exc), EXIT_USAGE)
+        return remote_list(server, rpc=rpc, flow=flow or "", limit=limit, output=output, show=_print_rows)
     try:
         check_output(output)
         name, runs = _load_runs(config, flow)
@@ -347,10 +440,15 @@ def list_runs(
         return fail(str(exc), EXIT_FAILED)
     from ferryman_auditor import summary_of  # noqa: PLC0415
 
-    rows = summary_of(runs[-limit:] if limit > 0 else runs)
+    _print_rows(name, summary_of(runs[-limit:] if limit > 0 else runs), output)
+    return EXIT_OK
+
+
+def _print_rows(name: str, rows: list[dict[str, Any]], output: str) -> None:
+    """``audit list``'s rows (`summary_of`'s shape) as JSON or a table."""
     if output == "json":
         print(json.dumps(rows))
-        return EXIT_OK
+        return
     table = Table(title=f"audits of flow {name}")
     for column in ("run_id", "finished", "range", "verdict", "partitions", *_COLUMNS):
         table.add_column(column)
@@ -365,17 +463,32 @@ def list_runs(
             *(str(row[c]) for c in _COLUMNS),
         )
     Console().print(table)
-    return EXIT_OK
 
 
 @group.command("show")
 def show(
     run_id: Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")] = None,
+    *,
     config: ConfigOption = None,
     flow: FlowOption = None,
     output: OutputOption = "text",
+    server: ServerOption = None,
+    token: TokenOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
 ) -> int:
-    """Show one audit's per-partition results. Exit status: 0 exactly once, 1 violated, 2 no such run."""
+    """Show one audit's per-partition results (read here, or at the audit scheduler at --server).
+
+    Exit status: 0 exactly once, 1 violated, 2 no such run (with --server: 3 the run failed or has not finished).
+    """
+    if server:
+        try:
+            check_output(output)
+            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+        except ConfigError as exc:
+            return fail(str(exc), EXIT_USAGE)
+        return remote_show(server, rpc=rpc, flow=flow or "", run_id=run_id or "", output=output, show=_print_run)
     try:
         check_output(output)
         name, runs = _load_runs(config, flow)
@@ -388,3 +501,17 @@ def show(
         return fail(f"flow {name} has no audit {run_id}" if run_id else f"flow {name} has no audit yet", EXIT_USAGE)
     _print_report(chosen[0], output)
     return EXIT_OK if chosen[0].verdict == "EXACTLY_ONCE" else EXIT_FINDING
+
+
+def _rpc_config(
+    server: str, token: str | None, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+) -> RpcConfig:
+    """The transport settings of --server and the shared connection options.
+
+    Raises:
+        ConfigError: a malformed --server, or inconsistent TLS options.
+    """
+    conn = connect(
+        server, token=token, ca_file=ca_file, cert_file=cert_file, key_file=key_file, server_name=None, timeout_s=30.0
+    )
+    return conn.rpc

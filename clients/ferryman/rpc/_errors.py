@@ -14,6 +14,7 @@ from grpc_status import rpc_status
 
 from ferryman.errors import (
     AlreadyExistsError,
+    BusyError,
     ConfigError,
     ConflictError,
     EnvelopeError,
@@ -108,6 +109,8 @@ def error_reason(exc: BaseException) -> str:
 
 def _error_metadata(exc: BaseException) -> dict[str, str]:
     metadata = {"exception": f"{type(exc).__module__}.{type(exc).__qualname__}"}
+    if isinstance(exc, BusyError):
+        metadata.update(exc.details)
     if isinstance(exc, KafkaOperationError):
         metadata["operation"] = exc.what
     elif isinstance(exc, (InvalidRequestError, PreconditionError)) and exc.field:

@@ -86,8 +86,11 @@ def run_audit(
     settings: AuditSettings | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
+    run_id: str | None = None,
 ) -> AuditReport:
     """Audit one flow over one range; store the results and return the report.
+
+    ``run_id`` names the run (default: a new `new_run_id`), for callers that hand it out before it starts.
 
     ``cancel`` stops a run before it stores anything: once set, a run that has
     not started its Spark job does not start it, and a job that then fails
@@ -103,7 +106,7 @@ def run_audit(
     settings = settings or AuditSettings()
     say = progress or (lambda _step: None)
     started = int(time.time() * 1000)
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     names = FlowNames.of(flow)
     src_cluster, dst_cluster = config.clusters[flow.source], config.clusters[flow.target]
     store = AuditStore(_kafka_conf(dst_cluster, "ferryman-auditor"), names.audit_topic, settings.timeout_s)

@@ -225,14 +225,19 @@ def flow_scheduler(
     settings: AuditSettings | None = None,
     interval_s: float | None = None,
     shutdown_timeout_s: float | None = None,
+    session_lock: threading.Lock | None = None,
 ) -> AuditScheduler:
     """A scheduler of since-last audits of flow in spark (which it then owns: it cancels its jobs on shutdown).
 
     ``interval_s`` and ``shutdown_timeout_s`` default to the configuration's ``auditor`` section.
+    ``session_lock`` is held during each run, so that runs started over the API (`AuditRuns`) and
+    scheduled runs take turns on the session.
     """
+    lock = session_lock or threading.Lock()
 
     def audit(cancel: threading.Event) -> AuditReport:
-        return run_audit(spark, config, flow, AuditRange(topics=topics), settings=settings, cancel=cancel)
+        with lock:
+            return run_audit(spark, config, flow, AuditRange(topics=topics), settings=settings, cancel=cancel)
 
     return AuditScheduler(
         audit,
