@@ -10,38 +10,31 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
 from ferryman_local._errors import PrometheusStartError, ToolMissingError
+from ferryman_local._httpserver import HttpServerProcess
 from ferryman_local._ports import reserve_port
-from ferryman_local._process import forget, signal_group, spawn
 
 #: A Prometheus server answers /-/ready ~1 s after start here; a slow disk delays its TSDB.
 READY_TIMEOUT_S = 30.0
-#: Time a stopped server gets to close its TSDB before SIGKILL.
-_STOP_TIMEOUT_S = 15.0
 #: Budget of one API call (a local server answers in milliseconds).
 _API_TIMEOUT_S = 10.0
 
 
-class LocalPrometheus:
+class LocalPrometheus(HttpServerProcess):
     """A running Prometheus server: ``start()``, the query API, ``stop()`` (also a context manager)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, work_dir: Path) -> None:
-        self.proc = proc
-        self.url = url
-        """Base URL of the server's UI and API (``http://127.0.0.1:<port>``)."""
-        self.work_dir = work_dir
+    name = "prometheus"
+    health_path = "/-/ready"
+    poll_s = 0.2
+    start_error = PrometheusStartError
 
     @classmethod
     def start(
@@ -81,35 +74,7 @@ class LocalPrometheus:
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
         ]
-        with (work_dir / "prometheus.log").open("ab") as log:
-            proc = spawn(cmd, cwd=work_dir, output=log)
-        server = cls(proc, f"http://127.0.0.1:{port}", work_dir)
-        try:
-            server._wait_ready(ready_timeout_s)
-        except BaseException:
-            server.stop()
-            raise
-        return server
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise PrometheusStartError(f"prometheus exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass  # not listening yet
-            if time.monotonic() >= deadline:
-                raise PrometheusStartError(f"prometheus not ready after {timeout_s:g} s:\n{self.log_tail()}")
-            time.sleep(0.2)  # polling a child's HTTP port: nothing to block on
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the server's log."""
-        path = self.work_dir / "prometheus.log"
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+        return cls._launch(cmd, work_dir, port, ready_timeout_s)
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -141,21 +106,3 @@ class LocalPrometheus:
         for target in self._get("/api/v1/targets", {"state": "active"})["activeTargets"]:
             out.setdefault(target["labels"]["job"], []).append(target["health"])
         return out
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after _STOP_TIMEOUT_S); idempotent."""
-        signal_group(self.proc, signal.SIGTERM)
-        try:
-            self.proc.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            signal_group(self.proc, signal.SIGKILL)
-            self.proc.wait(_STOP_TIMEOUT_S)
-        forget(self.proc)
-
-    def __enter__(self) -> LocalPrometheus:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -12,26 +12,22 @@ from __future__ import annotations
 
 import fcntl
 import json
-import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ferryman_local._errors import JarResolutionError, ZipkinStartError
+from ferryman_local._httpserver import HttpServerProcess
 from ferryman_local._maven import cache_dir, require_tool
 from ferryman_local._ports import reserve_port
-from ferryman_local._process import forget, signal_group, spawn
 
 ZIPKIN_VERSION = "3.5.1"
 """The Zipkin server release (an exec jar: the server and its UI in one file)."""
 #: Zipkin answers /health ~15 s after start on an idle machine, ~40 s with 2 busy cores, and took over 4 min
 #: once here with a load average of 70 (Spring Boot start-up is CPU-bound): a generous budget, not a wait.
 READY_TIMEOUT_S = 600.0
-_STOP_TIMEOUT_S = 15.0
 _API_TIMEOUT_S = 10.0
 #: The exec jar is ~80 MB; cold it downloads in well under this.
 _RESOLVE_TIMEOUT_S = 600.0
@@ -74,14 +70,13 @@ def ensure_zipkin_jar() -> Path:
     return jar
 
 
-class LocalZipkin:
-    """A running Zipkin server: ``start()``, its API, ``stop()`` (also a context manager)."""
+class LocalZipkin(HttpServerProcess):
+    """A running Zipkin server: ``start()``, its API (the UI is under ``/zipkin/``), ``stop()``; a context manager."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, work_dir: Path) -> None:
-        self.proc = proc
-        self.url = url
-        """Base URL (``http://127.0.0.1:<port>``); the UI is under ``/zipkin/``."""
-        self.work_dir = work_dir
+    name = "zipkin"
+    health_path = "/health"
+    poll_s = 0.5
+    start_error = ZipkinStartError
 
     @property
     def spans_endpoint(self) -> str:
@@ -115,35 +110,7 @@ class LocalZipkin:
             "--server.address=127.0.0.1",
             "--logging.level.root=WARN",
         ]
-        with (work_dir / "zipkin.log").open("ab") as log:
-            proc = spawn(cmd, cwd=work_dir, output=log, env={"STORAGE_TYPE": "mem"})
-        server = cls(proc, f"http://127.0.0.1:{port}", work_dir)
-        try:
-            server._wait_ready(ready_timeout_s)
-        except BaseException:
-            server.stop()
-            raise
-        return server
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise ZipkinStartError(f"zipkin exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass  # not listening yet
-            if time.monotonic() >= deadline:
-                raise ZipkinStartError(f"zipkin not ready after {timeout_s:g} s:\n{self.log_tail()}")
-            time.sleep(0.5)  # polling a child's HTTP port: nothing to block on
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the server's log."""
-        path = self.work_dir / "zipkin.log"
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+        return cls._launch(cmd, work_dir, port, ready_timeout_s, env={"STORAGE_TYPE": "mem"})
 
     def _get(self, path: str) -> Any:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=_API_TIMEOUT_S) as response:
@@ -163,21 +130,3 @@ class LocalZipkin:
         """Service names Zipkin has spans of."""
         names: list[str] = self._get("/api/v2/services")
         return names
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); idempotent."""
-        signal_group(self.proc, signal.SIGTERM)
-        try:
-            self.proc.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            signal_group(self.proc, signal.SIGKILL)
-            self.proc.wait(_STOP_TIMEOUT_S)
-        forget(self.proc)
-
-    def __enter__(self) -> LocalZipkin:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
