@@ -37,8 +37,12 @@ DEDUPER = control_pb2.GetDeduperStatusResponse(
     records_written=1234,
     duplicates_dropped=5,
     partitions=[
-        control_pb2.PartitionWatermark(topic="orders", partition=0, watermark=99, lag=3, log_end_offset=103),
-        control_pb2.PartitionWatermark(topic="orders", partition=1, watermark=-1, lag=-1, log_end_offset=-1),
+        control_pb2.PartitionWatermark(
+            topic="orders", partition=0, watermark=99, lag=3, log_end_offset=103, lag_seconds=1.5, duplicates_dropped=5
+        ),
+        control_pb2.PartitionWatermark(
+            topic="orders", partition=1, watermark=-1, lag=-1, log_end_offset=-1, lag_seconds=-1
+        ),
     ],
     connected_wrappers=["w-1"],
 )
@@ -116,8 +120,24 @@ def test_lag_per_partition_from_either_service() -> None:
             "role": "deduper",
             "id": "d-7",
             "partitions": [
-                {"topic": "orders", "partition": 0, "log_end_offset": 103, "watermark": 99, "lag": 3},
-                {"topic": "orders", "partition": 1, "log_end_offset": -1, "watermark": -1, "lag": -1},
+                {
+                    "topic": "orders",
+                    "partition": 0,
+                    "log_end_offset": 103,
+                    "watermark": 99,
+                    "lag": 3,
+                    "lag_seconds": 1.5,
+                    "duplicates_dropped": 5,
+                },
+                {
+                    "topic": "orders",
+                    "partition": 1,
+                    "log_end_offset": -1,
+                    "watermark": -1,
+                    "lag": -1,
+                    "lag_seconds": -1,
+                    "duplicates_dropped": 0,
+                },
             ],
         }
         from_wrapper = json.loads(_cli("lag", "-s", local(wrapper.port), "-o", "json").stdout)

@@ -135,6 +135,7 @@ def test_status_lag_and_translation_over_mutual_tls_match_the_clusters(
         assert lag is not None and lag["role"] == "deduper"
         for row in lag["partitions"]:  # type: ignore[attr-defined]
             assert row["watermark"] == ends[row["partition"]] - 1  # the last source offset, committed
+            assert (row["lag_seconds"], row["duplicates_dropped"]) == (0, 0)  # caught up, nothing replayed
         status_d, lag_w, status_w = _cli_all(
             (("status", "-o", "json"), at_deduper),
             (("lag", "-o", "json"), at_wrapper),

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
+from ferryman_deduper._control import lag_seconds
 from ferryman_deduper._gaps import Filled, GapTracker
 from ferryman_wrapper._control import _RESEND_POLL_S, read_range
 
@@ -254,3 +255,11 @@ def test_a_gap_is_marked_lost_only_by_an_answer_about_its_start() -> None:
     assert gap.lost_to == 149
     assert gaps.lost(key, 100, 500) is gap
     assert gap.lost_to == 199  # capped at the gap's end
+
+
+def test_lag_in_seconds_is_the_age_of_the_last_record_written_and_zero_without_lag() -> None:
+    assert lag_seconds(0, -1, 10_000.0) == 0.0  # caught up: no lag, whatever was written
+    assert lag_seconds(5, 7_500, 10_000.0) == 2.5  # behind: the last record written is 2.5 s old
+    assert lag_seconds(5, -1, 10_000.0) == -1.0  # nothing written since start: unknown
+    assert lag_seconds(-1, 7_500, 10_000.0) == -1.0  # log end unknown
+    assert lag_seconds(5, 11_000, 10_000.0) == 0.0  # a producer clock ahead of ours: never negative

@@ -106,6 +106,8 @@ def _lag_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
                 "log_end_offset": d.log_end_offset,
                 "watermark": d.watermark,
                 "lag": d.lag,
+                "lag_seconds": d.lag_seconds,
+                "duplicates_dropped": d.duplicates_dropped,
             }
             for d in status.deduper.partitions
         )
@@ -128,7 +130,9 @@ def _lag_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
             )
     data = {"role": status.role, "id": ident, "partitions": rows}
     columns = list(rows[0]) if rows else ["topic", "partition", "watermark", "lag"]
-    table = Table(*columns, title=f"{status.role} {ident}: lag in records (-1: unknown)", title_justify="left")
+    table = Table(
+        *columns, title=f"{status.role} {ident}: lag in records and seconds (-1: unknown)", title_justify="left"
+    )
     for row in rows:
         table.add_row(*(str(row[c]) for c in columns))
     return data, table

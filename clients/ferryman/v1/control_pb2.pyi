@@ -303,6 +303,9 @@ class PartitionWatermark(_message.Message):
     WATERMARK_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
     LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    DUPLICATES_DROPPED_FIELD_NUMBER: _builtins.int
+    WRITTEN_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    LAG_SECONDS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """Source topic."""
     partition: _builtins.int
@@ -315,6 +318,19 @@ class PartitionWatermark(_message.Message):
     """Source log-end offset (next offset to be written) last reported by the
     wrappers, -1 if unknown.
     """
+    duplicates_dropped: _builtins.int
+    """Source records of this partition dropped as replays since the deduper
+    started.
+    """
+    written_timestamp_ms: _builtins.int
+    """Source timestamp (ms since the epoch) of the last record the deduper
+    wrote for this partition since it started, -1 if none yet.
+    """
+    lag_seconds: _builtins.float
+    """Lag in seconds: 0 when lag is 0; else now minus written_timestamp_ms, an
+    upper bound on the age of the oldest record not yet replicated (records
+    are appended after the last one written); -1 when unknown.
+    """
     def __init__(
         self,
         *,
@@ -323,10 +339,13 @@ class PartitionWatermark(_message.Message):
         watermark: _builtins.int = ...,
         lag: _builtins.int = ...,
         log_end_offset: _builtins.int = ...,
+        duplicates_dropped: _builtins.int = ...,
+        written_timestamp_ms: _builtins.int = ...,
+        lag_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "log_end_offset", b"log_end_offset", "partition", b"partition", "topic", b"topic", "watermark", b"watermark"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates_dropped", b"duplicates_dropped", "lag", b"lag", "lag_seconds", b"lag_seconds", "log_end_offset", b"log_end_offset", "partition", b"partition", "topic", b"topic", "watermark", b"watermark", "written_timestamp_ms", b"written_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,7 +12,8 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,6 +24,7 @@ from ferryman.rpc import IncompatiblePeerError
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
+from ferryman_deduper._datapath import PartitionCounters
 from ferryman_deduper._decide import PartitionState
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._translate import MAX_BUDGET_S, OffsetTranslator
@@ -255,6 +257,19 @@ class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
         return self._translator.translate(request, budget_s)
 
 
+def lag_seconds(lag: int, written_timestamp_ms: int, now_ms: float) -> float:
+    """A partition's lag in seconds: 0 without lag; else the age of the last record written, -1 when unknown.
+
+    Records are appended after the last one written, so its age bounds the age of the oldest record not
+    yet replicated from above (source timestamps are the producers' clocks: a skewed one skews this).
+    """
+    if lag == 0:
+        return 0.0
+    if lag < 0 or written_timestamp_ms < 0:
+        return -1.0
+    return round(max(0.0, (now_ms - written_timestamp_ms) / 1000), 3)
+
+
 class ControlTicker:
     """The deduper's side of the control link, served from its loop thread (the only one touching Kafka).
 
@@ -275,8 +290,10 @@ class ControlTicker:
         destination_trouble: Callable[[], str],
         process_resent: Callable[[envelope_pb2.Envelope], None],
         add_spec: Callable[[state_pb2.TopicSpec], None],
+        partition_counters: Mapping[PartitionKey, PartitionCounters],
     ) -> None:
         self._hub = hub
+        self._counters = partition_counters
         self._dc = dc
         self._committed = committed
         self._gaps = gaps
@@ -368,9 +385,12 @@ class ControlTicker:
     def watermarks(self) -> list[control_pb2.PartitionWatermark]:
         """Committed watermarks and lag of the owned source partitions."""
         out = []
+        now_ms = time.time() * 1000
         for key, st in sorted(dict(self._committed).items()):
             log_end = self._hub.log_end_offset(key)
             lag = max(0, log_end - (st.watermark + 1)) if log_end is not None else -1
+            counters = self._counters.get(key) or PartitionCounters()
+            written = counters.written_timestamp_ms
             out.append(
                 control_pb2.PartitionWatermark(
                     topic=key.topic,
@@ -378,6 +398,9 @@ class ControlTicker:
                     watermark=st.watermark,
                     lag=lag,
                     log_end_offset=log_end if log_end is not None else -1,
+                    duplicates_dropped=counters.duplicates_dropped,
+                    written_timestamp_ms=written,
+                    lag_seconds=lag_seconds(lag, written, now_ms),
                 )
             )
         return out

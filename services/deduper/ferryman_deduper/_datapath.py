@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
@@ -34,6 +34,15 @@ _log = logging.getLogger(__name__)
 
 
 @dataclass
+class PartitionCounters:
+    """Data-path figures of one source partition since start (status: per-partition lag and replays)."""
+
+    duplicates_dropped: int = 0
+    #: Source timestamp of the last record written (committed or in the open transaction), -1 if none.
+    written_timestamp_ms: int = -1
+
+
+@dataclass
 class DeduperStats:
     """Data-path counters since start (transactions: ``Transaction.stats``)."""
 
@@ -46,6 +55,14 @@ class DeduperStats:
     gaps_healed: int = 0
     acknowledged_lost_records: int = 0
     rewinds: int = 0
+    by_partition: dict[PartitionKey, PartitionCounters] = field(default_factory=dict)
+
+    def partition(self, key: PartitionKey) -> PartitionCounters:
+        """Key's counters (created at first use)."""
+        counters = self.by_partition.get(key)
+        if counters is None:
+            counters = self.by_partition[key] = PartitionCounters()
+        return counters
 
 
 class DataPath:
@@ -149,10 +166,12 @@ class DataPath:
         verdict = d.verdict
         if verdict is Verdict.ACCEPT:
             self._write(key, src, env.run, d.start, env)
+            self.stats.partition(key).written_timestamp_ms = env.run.timestamps_ms[-1]
             assert d.new_state is not None  # an ACCEPT always moves the watermark
             self._fill_gap(key, d.new_state.watermark, resent=resent)
         elif verdict is Verdict.DUPLICATE:
             self.stats.duplicates_dropped += len(env.run)
+            self.stats.partition(key).duplicates_dropped += len(env.run)
         elif verdict is Verdict.GAP:
             if self._skip_acknowledged(key, src, d.missing_from, d.missing_to):
                 self._apply(key, env, resent=resent)  # decided again past the acknowledged loss

@@ -373,6 +373,7 @@ class Deduper:
             destination_trouble=self._destination_trouble,
             process_resent=self._data.process_resent,
             add_spec=self._destinations.add_spec,
+            partition_counters=self.stats.by_partition,
         )
         self._parts.start()
         _log.info(
