@@ -112,9 +112,17 @@ def test_exact_copy_of_every_record_shape(
 def test_exact_copy_through_produce_calls_when_direct_produce_is_off(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """The deduper's fallback path (``produce()`` per record) copies every shape as exactly as the direct one."""
+    """The deduper's fallback path (``produce()`` per record) copies every shape as exactly as the direct one.
+
+    The flow also leaves a topic config out of the topics it creates (``topic_configs_exclude``).
+    """
     topic = unique_name("mixed-calls")
-    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS, {"message.timestamp.type": "CreateTime"})
+    create_topic(
+        source_cluster.bootstrap_servers,
+        topic,
+        PARTITIONS,
+        {"message.timestamp.type": "CreateTime", "retention.ms": "86400000", "max.message.bytes": "2000000"},
+    )
     _produce_mixed(source_cluster.bootstrap_servers, topic, 600)
     with running_flow(
         source_cluster,
@@ -123,6 +131,7 @@ def test_exact_copy_through_produce_calls_when_direct_produce_is_off(
         flow=unique_name("flow"),
         topics=[topic],
         deduper={"direct_produce": False},
+        extra_flow={"topic_configs_exclude": [r"retention\.ms"]},
     ) as f:
         src = read_all(source_cluster.bootstrap_servers, topic)
         dst = read_all(
@@ -131,6 +140,11 @@ def test_exact_copy_through_produce_calls_when_direct_produce_is_off(
         assert_exact_copy(src, dst)
         assert f.deduper.terminate() == 0
     assert "produce path produce() per record (direct_produce: false)" in f.deduper.output()
+    admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+    res = ConfigResource(ResourceType.TOPIC, f"src.{topic}")
+    configs = admin.describe_configs([res])[res].result(30)
+    assert configs["max.message.bytes"].value == "2000000"  # replicated
+    assert configs["retention.ms"].source != 1  # excluded: not a DYNAMIC_TOPIC_CONFIG of the created topic
 
 
 def test_aborted_source_transactions_are_never_replicated(
