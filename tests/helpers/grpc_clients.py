@@ -24,7 +24,7 @@ from ferryman import protocol
 from ferryman.config import RpcConfig
 from ferryman.rpc import RpcServer, build_server, default_server_interceptors, open_channel
 from ferryman.status import deduper_status, wrapper_status
-from ferryman.v1 import control_pb2, control_pb2_grpc
+from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2
 from ferryman_deduper._control import ControlHub, ControlServicer
 from ferryman_local import reserve_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -43,6 +43,7 @@ CONTROL_SERVICE = control_pb2.DESCRIPTOR.services_by_name["ControlService"].full
 DEDUPER_SERVICE = control_pb2.DESCRIPTOR.services_by_name["DeduperService"].full_name
 WRAPPER_SERVICE = control_pb2.DESCRIPTOR.services_by_name["WrapperService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+FLOW_SERVICE = flows_pb2.DESCRIPTOR.services_by_name["FlowService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

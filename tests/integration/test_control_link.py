@@ -33,6 +33,7 @@ from tests.helpers.certs import make_pki
 from tests.helpers.grpc_clients import (
     CONTROL_SERVICE,
     DEDUPER_SERVICE,
+    FLOW_SERVICE,
     HEALTH_SERVICE,
     SERVING,
     WRAPPER_SERVICE,
@@ -212,13 +213,14 @@ def test_committed_watermarks_flow_back_to_the_wrapper(
 def test_both_services_serve_health_and_reflection_and_drain_on_sigterm(linked: SpecsSetup) -> None:
     pair = linked.pair
     wait_until(pair.link_up, START_TIMEOUT_S, message="link up")
-    for service in ("", CONTROL_SERVICE, DEDUPER_SERVICE):
+    for service in ("", CONTROL_SERVICE, DEDUPER_SERVICE, FLOW_SERVICE):
         assert health(pair.deduper_address, service) == SERVING, service
     for service in ("", WRAPPER_SERVICE):
         assert health(pair.wrapper_address, service) == SERVING, service
 
     reflection = "grpc.reflection.v1alpha.ServerReflection"
-    assert reflected_services(pair.deduper_address) == {CONTROL_SERVICE, DEDUPER_SERVICE, HEALTH_SERVICE, reflection}
+    deduper_services = {CONTROL_SERVICE, DEDUPER_SERVICE, FLOW_SERVICE, HEALTH_SERVICE, reflection}
+    assert reflected_services(pair.deduper_address) == deduper_services
     assert reflected_services(pair.wrapper_address) == {WRAPPER_SERVICE, HEALTH_SERVICE, reflection}
 
     assert pair.wrapper.terminate() == 0
