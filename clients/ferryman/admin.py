@@ -339,10 +339,7 @@ class FerrymanAdmin:
             flow=flow, range=audit_range(topics, start_offsets, end_offsets, start_ms, end_ms)
         )
         timeout = AUDIT_TIMEOUT_S if timeout_s is None else timeout_s
-        try:
-            return self._audit.StartAudit(request, timeout=timeout).run
-        except grpc.RpcError as exc:
-            raise _translate(exc) from None
+        return self._call(lambda t: self._audit.StartAudit(request, timeout=t).run, timeout)
 
     def follow_audit(
         self, run_id: str, flow: str = "", *, timeout_s: float | None = None

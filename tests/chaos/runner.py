@@ -342,8 +342,8 @@ class ChaosRun:
         admin = AdminClient({"bootstrap.servers": self.source.bootstrap_servers})
         admin.delete_topics([topic])[topic].result(30)
         wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 60, 0.2, message=f"{topic} deleted")
-        time.sleep(1.0)  # KRaft finishes the deletion on every broker asynchronously; creating at once may fail
-        create_topic(self.source.bootstrap_servers, topic, self.partitions[role])
+        # KRaft finishes the deletion on every broker asynchronously: creating at once may fail, so retry.
+        wait_until(lambda: _created(self.source.bootstrap_servers, topic, self.partitions[role]), 60, 0.2)
         self.load.resume(role)
         self.progress.quiet(f"src.{topic}", False)
 
@@ -393,3 +393,12 @@ class ChaosRun:
             if now != last:
                 last, still_since = now, time.monotonic()
             time.sleep(0.25)  # waiting on the sampler
+
+
+def _created(bootstrap: str, topic: str, partitions: int) -> bool:
+    """Create topic; False while the brokers still finish deleting its previous incarnation."""
+    try:
+        create_topic(bootstrap, topic, partitions)
+    except Exception:  # any refusal here means "not yet"; wait_until's deadline bounds it
+        return False
+    return True
