@@ -16,8 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
-
+from ferryman.tail import CompactedTail
 from ferryman.v1 import control_pb2
 
 _log = logging.getLogger(__name__)
@@ -61,69 +60,34 @@ class VerdictFollower:
     """Follows one audit topic in a daemon thread and keeps the latest verdict of each source partition."""
 
     def __init__(self, consumer_config: Mapping[str, Any], topic: str) -> None:
-        self._conf = {
+        conf = {
             **consumer_config,
             "group.id": f"{consumer_config.get('client.id', 'ferryman')}-audit-verdicts",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
         }
         self._topic = topic
         self._verdicts: dict[tuple[str, int], control_pb2.AuditVerdict] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="audit-verdicts", daemon=True)
+        self._tail = CompactedTail(
+            conf, topic, self._take, name="audit-verdicts", poll_s=_POLL_S, wait_for_topic_s=_TOPIC_RETRY_S
+        )
 
     def start(self) -> None:
         """Start following (returns at once)."""
-        self._thread.start()
+        self._tail.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop following and wait for the thread (up to timeout_s)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        self._tail.stop(timeout_s)
 
     def verdicts(self) -> list[control_pb2.AuditVerdict]:
         """The latest verdicts read so far, by topic and partition."""
         with self._lock:
             return [self._verdicts[k] for k in sorted(self._verdicts)]
 
-    def _run(self) -> None:
-        consumer = Consumer(self._conf)
-        try:
-            while not self._stop.is_set() and not self._topic_exists(consumer):
-                self._stop.wait(_TOPIC_RETRY_S)
-            if self._stop.is_set():
-                return
-            consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
-            while not self._stop.is_set():
-                msg = consumer.poll(_POLL_S)
-                if msg is not None:
-                    self._take(msg)
-        except Exception:  # a follower that dies leaves the last verdicts in place; the service goes on
-            _log.exception("following audit verdicts in %s stopped", self._topic)
-        finally:
-            consumer.close()
-
-    def _topic_exists(self, consumer: Consumer) -> bool:
-        try:
-            info = consumer.list_topics(self._topic, timeout=_POLL_S * 5).topics.get(self._topic)
-        except KafkaException as exc:
-            _log.debug("audit topic %s: %s", self._topic, exc)
-            return False
-        return info is not None and info.error is None
-
-    def _take(self, msg: Message) -> None:
-        err = msg.error()
-        if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                _log.warning("reading audit verdicts from %s: %s", self._topic, err)
+    def _take(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None or not key.startswith(VERDICT_PREFIX):
             return
-        key = msg.key()
-        if not isinstance(key, bytes) or not key.startswith(VERDICT_PREFIX):
-            return
-        value = msg.value()
         name = key[len(VERDICT_PREFIX) :].decode(errors="replace")
         topic, _, part = name.rpartition("/")
         if value is None:  # a tombstone: the partition's verdict was removed
