@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ferryman.admin import DEFAULT_TIMEOUT_S
 from ferryman.cli._audit_remote import remote_list, remote_run, remote_show
 from ferryman.cli._common import (
     EXIT_FAILED,
@@ -37,9 +38,9 @@ from ferryman.cli._common import (
     fail,
     load_flow,
 )
-from ferryman.cli._connection import CaOption, CertOption, KeyOption, TokenOption, connect
+from ferryman.cli._connection import ConnectionOptions, connection_options
 from ferryman.client_config import base_config
-from ferryman.config import AuditorConfig, RpcConfig, validated
+from ferryman.config import AuditorConfig, validated
 from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
 from ferryman.rpc import RpcBindError
@@ -56,6 +57,8 @@ ServerOption = Annotated[
         show_default=False,
     ),
 ]
+#: The connection options of the commands that can go through an audit scheduler.
+_remote_options = connection_options(timeout_s=DEFAULT_TIMEOUT_S, server=ServerOption, server_default=None)
 
 if TYPE_CHECKING:
     from ferryman_auditor import AuditRange, AuditReport, ScheduleOutcome
@@ -129,6 +132,7 @@ def _audit_range(
 
 
 @group.command("run")
+@_remote_options
 def run(
     *,
     config: ConfigOption = None,
@@ -150,11 +154,7 @@ def run(
         typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
     ] = None,
     output: OutputOption = "text",
-    server: ServerOption = None,
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
+    connection: ConnectionOptions,
 ) -> int:
     """Audit a flow: since the last verified position, or over explicit offsets or a time window.
 
@@ -163,7 +163,7 @@ def run(
     Exit status: 0 exactly once, 1 violated, 2 bad usage, 3 the audit could not run (with --server: 4 no answer,
     5 credentials refused).
     """
-    if server:
+    if connection.server:
         try:
             check_output(output)
             if (start_offsets or end_offsets) and (since or until):
@@ -177,10 +177,10 @@ def run(
                 "start_ms": _time_ms(since, "--since"),
                 "end_ms": _time_ms(until, "--until"),
             }
-            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+            connected = connection.connect()
         except ConfigError as exc:
             return fail(str(exc), EXIT_USAGE)
-        return remote_run(server, rpc=rpc, flow=flow or "", range_args=range_args, output=output, show=_print_run)
+        return remote_run(connected, flow=flow or "", range_args=range_args, output=output, show=_print_run)
     try:
         check_output(output)
         cfg, chosen = load_flow(config, flow)
@@ -411,26 +411,23 @@ def _load_runs(config: Path | None, flow: str | None) -> tuple[str, list[AuditRe
 
 
 @group.command("list")
+@_remote_options
 def list_runs(
     *,
     config: ConfigOption = None,
     flow: FlowOption = None,
     limit: Annotated[int, typer.Option(help="Most recent runs to list.")] = 20,
     output: OutputOption = "text",
-    server: ServerOption = None,
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
+    connection: ConnectionOptions,
 ) -> int:
     """List a flow's audits, newest last (from its audit topic, or from the audit scheduler at --server)."""
-    if server:
+    if connection.server:
         try:
             check_output(output)
-            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+            connected = connection.connect()
         except ConfigError as exc:
             return fail(str(exc), EXIT_USAGE)
-        return remote_list(server, rpc=rpc, flow=flow or "", limit=limit, output=output, show=_print_rows)
+        return remote_list(connected, flow=flow or "", limit=limit, output=output, show=_print_rows)
     try:
         check_output(output)
         name, runs = _load_runs(config, flow)
@@ -466,29 +463,26 @@ def _print_rows(name: str, rows: list[dict[str, Any]], output: str) -> None:
 
 
 @group.command("show")
+@_remote_options
 def show(
     run_id: Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")] = None,
     *,
     config: ConfigOption = None,
     flow: FlowOption = None,
     output: OutputOption = "text",
-    server: ServerOption = None,
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
+    connection: ConnectionOptions,
 ) -> int:
     """Show one audit's per-partition results (read here, or at the audit scheduler at --server).
 
     Exit status: 0 exactly once, 1 violated, 2 no such run (with --server: 3 the run failed or has not finished).
     """
-    if server:
+    if connection.server:
         try:
             check_output(output)
-            rpc = _rpc_config(server, token, ca_file, cert_file, key_file)
+            connected = connection.connect()
         except ConfigError as exc:
             return fail(str(exc), EXIT_USAGE)
-        return remote_show(server, rpc=rpc, flow=flow or "", run_id=run_id or "", output=output, show=_print_run)
+        return remote_show(connected, flow=flow or "", run_id=run_id or "", output=output, show=_print_run)
     try:
         check_output(output)
         name, runs = _load_runs(config, flow)
@@ -501,17 +495,3 @@ def show(
         return fail(f"flow {name} has no audit {run_id}" if run_id else f"flow {name} has no audit yet", EXIT_USAGE)
     _print_report(chosen[0], output)
     return EXIT_OK if chosen[0].verdict == "EXACTLY_ONCE" else EXIT_FINDING
-
-
-def _rpc_config(
-    server: str, token: str | None, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
-) -> RpcConfig:
-    """The transport settings of --server and the shared connection options.
-
-    Raises:
-        ConfigError: a malformed --server, or inconsistent TLS options.
-    """
-    conn = connect(
-        server, token=token, ca_file=ca_file, cert_file=cert_file, key_file=key_file, server_name=None, timeout_s=30.0
-    )
-    return conn.rpc

@@ -21,8 +21,7 @@ from ferryman.admin import (
     FerrymanAdmin,
 )
 from ferryman.cli._common import EXIT_FAILED, EXIT_FINDING, EXIT_OK, EXIT_USAGE, fail
-from ferryman.cli._connection import describe
-from ferryman.config import RpcConfig
+from ferryman.cli._connection import Connection, describe
 from ferryman.errors import ConfigError
 from ferryman.v1 import audit_pb2
 
@@ -100,7 +99,11 @@ def summary_row(run: audit_pb2.AuditRun) -> dict[str, Any]:
     }
 
 
-def _call(server: str, rpc: RpcConfig, what: Callable[[], int]) -> int:
+def _admin(connection: Connection) -> FerrymanAdmin:
+    return FerrymanAdmin(connection.server, connection.rpc, timeout_s=connection.timeout_s)
+
+
+def _call(connection: Connection, what: Callable[[], int]) -> int:
     """what(), with the client's errors as the CLI's exit statuses."""
     try:
         return what()
@@ -108,8 +111,8 @@ def _call(server: str, rpc: RpcConfig, what: Callable[[], int]) -> int:
         return fail(str(exc), EXIT_USAGE)
     except AdminError as exc:
         if exc.code in _USAGE_CODES:  # the audit commands' contract: an unknown flow or run, a bad range is usage
-            return fail(f"{server}: {exc}", EXIT_USAGE)
-        message, status = describe(server, exc, rpc)
+            return fail(f"{connection.server}: {exc}", EXIT_USAGE)
+        message, status = describe(connection.server, exc, connection.rpc)
         return fail(message, status)
 
 
@@ -125,9 +128,8 @@ def _finished(run: audit_pb2.AuditRun, output: str, show: Callable[[dict[str, An
 
 
 def remote_run(
-    server: str,
+    connection: Connection,
     *,
-    rpc: RpcConfig,
     flow: str,
     range_args: dict[str, Any],
     output: str,
@@ -136,7 +138,7 @@ def remote_run(
     """Start an audit at server, follow it (a progress bar on a terminal), print its result."""
 
     def go() -> int:
-        with FerrymanAdmin(server, rpc) as admin:
+        with _admin(connection) as admin:
             started = admin.start_audit(flow, **range_args)
             result: audit_pb2.AuditRun | None = None
             interactive = output == "text" and sys.stderr.isatty()
@@ -165,28 +167,28 @@ def remote_run(
                             tasks=f"{p.tasks_done}/{p.tasks_total} Spark tasks",
                         )
             if result is None:
-                return fail(f"{server} ended the stream of audit {started.run_id} without its result", EXIT_FAILED)
+                ended = f"{connection.server} ended the stream of audit {started.run_id} without its result"
+                return fail(ended, EXIT_FAILED)
             return _finished(result, output, show)
 
-    return _call(server, rpc, go)
+    return _call(connection, go)
 
 
 def remote_show(
-    server: str, *, rpc: RpcConfig, flow: str, run_id: str, output: str, show: Callable[[dict[str, Any], str], None]
+    connection: Connection, *, flow: str, run_id: str, output: str, show: Callable[[dict[str, Any], str], None]
 ) -> int:
     """Print one run read at server (default: the latest)."""
 
     def go() -> int:
-        with FerrymanAdmin(server, rpc) as admin:
+        with _admin(connection) as admin:
             return _finished(admin.get_audit(run_id, flow), output, show)
 
-    return _call(server, rpc, go)
+    return _call(connection, go)
 
 
 def remote_list(
-    server: str,
+    connection: Connection,
     *,
-    rpc: RpcConfig,
     flow: str,
     limit: int,
     output: str,
@@ -195,9 +197,9 @@ def remote_list(
     """Print a flow's runs read at server."""
 
     def go() -> int:
-        with FerrymanAdmin(server, rpc) as admin:
+        with _admin(connection) as admin:
             runs = admin.list_audits(flow, limit=max(limit, 0))
         show(runs[0].flow if runs else flow or "(the scheduler's flow)", [summary_row(r) for r in runs], output)
         return EXIT_OK
 
-    return _call(server, rpc, go)
+    return _call(connection, go)

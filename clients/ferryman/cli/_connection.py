@@ -7,6 +7,8 @@ exit status per kind of mistake (see the ``EXIT_*`` constants of `ferryman.cli._
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,26 +213,83 @@ def describe(server: str, exc: AdminError, rpc: RpcConfig) -> tuple[str, int]:
     return f"{server}: {exc}", EXIT_FAILED
 
 
-def connect_or_fail(
-    server: str,
-    *,
-    token: str | None,
-    ca_file: Path | None,
-    cert_file: Path | None,
-    key_file: Path | None,
-    server_name: str | None,
-    timeout_s: float,
-) -> Connection | int:
-    """`connect`, or the usage exit status with its line printed."""
-    try:
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """A command's connection options as given (``--server`` may be unset where it is optional)."""
+
+    server: str | None
+    token: str | None
+    ca_file: Path | None
+    cert_file: Path | None
+    key_file: Path | None
+    server_name: str | None
+    timeout_s: float
+
+    def connect(self) -> Connection:
+        """The connection these options describe.
+
+        Raises:
+            ConfigError: no or a malformed --server, or inconsistent TLS options.
+        """
+        if not self.server:
+            raise ConfigError("--server is required here (or FERRYMAN_SERVER)")
         return connect(
-            server,
-            token=token,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-            server_name=server_name,
-            timeout_s=timeout_s,
+            self.server,
+            token=self.token,
+            ca_file=self.ca_file,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            server_name=self.server_name,
+            timeout_s=self.timeout_s,
         )
-    except ConfigError as exc:
-        return fail(str(exc), EXIT_USAGE)
+
+    def connect_or_fail(self) -> Connection | int:
+        """`connect`, or the usage exit status with its line printed."""
+        try:
+            return self.connect()
+        except ConfigError as exc:
+            return fail(str(exc), EXIT_USAGE)
+
+
+_OPTIONS = ("server", "token", "ca_file", "cert_file", "key_file", "server_name", "timeout_s")
+
+
+def connection_options(
+    *, timeout_s: float, server: Any = ServerOption, server_default: Any = inspect.Parameter.empty
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Give a command ``--server``, ``--token``, the TLS options and ``--timeout`` (default timeout_s).
+
+    The command takes them as one keyword argument ``connection: ConnectionOptions``; Typer sees the
+    options in its place (``--server`` first among the options, the others last), so every command
+    spells, documents and reads them the same way. server and server_default replace ``--server``'s
+    annotation and default where a command calls another kind of server or can do without one.
+    """
+
+    def decorate(command: Callable[..., int]) -> Callable[..., int]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "connection"]
+        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.KEYWORD_ONLY), len(params))
+
+        def option(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+            return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+        params[at:at] = [option("server", server, server_default)]
+        params += [
+            option("token", TokenOption),
+            option("ca_file", CaOption),
+            option("cert_file", CertOption),
+            option("key_file", KeyOption),
+            option("server_name", ServerNameOption),
+            option("timeout_s", TimeoutOption, timeout_s),
+        ]
+
+        @functools.wraps(command)
+        def with_options(*args: Any, **kwargs: Any) -> int:
+            given = ConnectionOptions(**{name: kwargs.pop(name) for name in _OPTIONS})
+            return command(*args, connection=given, **kwargs)
+
+        with_options.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+        return with_options
+
+    return decorate

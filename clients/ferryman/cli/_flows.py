@@ -21,16 +21,7 @@ from rich.table import Table
 
 from ferryman.admin import FLOW_TIMEOUT_S, FerrymanAdmin, ResourceNotFoundError
 from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
-from ferryman.cli._connection import (
-    CaOption,
-    CertOption,
-    KeyOption,
-    ServerNameOption,
-    ServerOption,
-    TimeoutOption,
-    TokenOption,
-    connect_or_fail,
-)
+from ferryman.cli._connection import ConnectionOptions, connection_options
 from ferryman.cli._status import OUTPUTS, OutputOption, as_dict, emit
 from ferryman.config import FlowConfig, validated
 from ferryman.errors import ConfigError
@@ -64,36 +55,21 @@ ConfigExcludeOption = Annotated[
 _View = tuple[Any, Table]
 
 
-def _run(options: Mapping[str, Any], action: Callable[[FerrymanAdmin, float], _View]) -> int:
+def _run(connection: ConnectionOptions, output: str, action: Callable[[FerrymanAdmin, float], _View]) -> int:
     """action(admin, deadline) on a client of --server; its view printed, or one line and the exit status."""
-    output = options["output"]
     if output not in OUTPUTS:
         return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
-    connection = connect_or_fail(
-        options["server"],
-        token=options["token"],
-        ca_file=options["ca_file"],
-        cert_file=options["cert_file"],
-        key_file=options["key_file"],
-        server_name=options["server_name"],
-        timeout_s=options["timeout_s"],
-    )
-    if isinstance(connection, int):
-        return connection
+    connected = connection.connect_or_fail()
+    if isinstance(connected, int):
+        return connected
     try:
-        view = connection.call(lambda admin: action(admin, connection.timeout_s))
+        view = connected.call(lambda admin: action(admin, connected.timeout_s))
     except ConfigError as exc:  # a flow file or option refused before anything was sent
         return fail(str(exc), EXIT_USAGE)
     if isinstance(view, int):
         return view
     emit(output, *view)
     return EXIT_OK
-
-
-def _kw(scope: Mapping[str, Any]) -> dict[str, Any]:
-    """The connection and output options among a command's arguments."""
-    names = ("server", "token", "ca_file", "cert_file", "key_file", "server_name", "timeout_s", "output")
-    return {n: scope[n] for n in names}
 
 
 def _view(flow: flows_pb2.Flow) -> _View:
@@ -145,47 +121,37 @@ def _checked(values: Mapping[str, Any], at: str) -> FlowConfig:
 
 
 @group.command("list")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def list_flows(
     *,
-    server: ServerOption,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """List the flows stored in the destination cluster of the deduper at --server."""
 
     def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         flows = admin.list_flows(timeout_s=timeout_s)
-        return [as_dict(f) for f in flows], _summary_table(flows, f"flows at {server}")
+        return [as_dict(f) for f in flows], _summary_table(flows, f"flows at {connection.server}")
 
-    return _run(_kw(locals()), action)
+    return _run(connection, output, action)
 
 
 @group.command("get")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def get(
     name: NameArg,
     *,
-    server: ServerOption,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Show one flow with its etag and version."""
-    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.get_flow(name, timeout_s=timeout_s)))
+    return _run(connection, output, lambda admin, timeout_s: _view(admin.get_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("create")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def create(
     *,
-    server: ServerOption,
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="YAML of one flow, as in the configuration file.")
     ] = None,
@@ -198,12 +164,7 @@ def create(
     rename: RenameOption = None,
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Create a flow from --file or from options (--topic, --exclude and --rename SRC=DST repeat)."""
 
@@ -224,14 +185,14 @@ def create(
         flow = to_proto(_checked(values, "flow"))
         return _view(admin.create_flow(flow, timeout_s=timeout_s))
 
-    return _run(_kw(locals()), action)
+    return _run(connection, output, action)
 
 
 @group.command("update")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def update(
     name: NameArg,
     *,
-    server: ServerOption,
     topic: TopicOption = None,
     exclude: ExcludeOption = None,
     rename: RenameOption = None,
@@ -242,12 +203,7 @@ def update(
     ] = None,
     etag: EtagOption = "",
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Change a flow's live fields: only those given (--topic/--exclude/--rename/--config-exclude replace lists)."""
 
@@ -277,22 +233,17 @@ def update(
             raise ConfigError("nothing to change: give at least one of the options (see --help)")
         return _view(admin.update_flow(patch, paths, etag=etag, timeout_s=timeout_s))
 
-    return _run(_kw(locals()), action)
+    return _run(connection, output, action)
 
 
 @group.command("delete")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def delete(
     name: NameArg,
     *,
-    server: ServerOption,
     etag: EtagOption = "",
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Delete a flow: its wrappers stop reading and its services report NOT_SERVING until it is back."""
 
@@ -300,55 +251,40 @@ def delete(
         admin.delete_flow(name, etag=etag, timeout_s=timeout_s)
         return {"deleted": name}, Table("deleted", title=name)
 
-    return _run(_kw(locals()), action)
+    return _run(connection, output, action)
 
 
 @group.command("pause")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def pause(
     name: NameArg,
     *,
-    server: ServerOption,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Pause a flow: its wrappers stop reading the source (what is in flight is still committed)."""
-    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.pause_flow(name, timeout_s=timeout_s)))
+    return _run(connection, output, lambda admin, timeout_s: _view(admin.pause_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("resume")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def resume(
     name: NameArg,
     *,
-    server: ServerOption,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Resume a paused flow."""
-    return _run(_kw(locals()), lambda admin, timeout_s: _view(admin.resume_flow(name, timeout_s=timeout_s)))
+    return _run(connection, output, lambda admin, timeout_s: _view(admin.resume_flow(name, timeout_s=timeout_s)))
 
 
 @group.command("apply")
+@connection_options(timeout_s=FLOW_TIMEOUT_S)
 def apply(
     *,
-    server: ServerOption,
     file: Annotated[Path, typer.Option("--file", "-f", help="Configuration file (flows:), list of flows or one.")],
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = FLOW_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Make the stored flows match the file: create missing, update changed, leave equal ones (idempotent).
 
@@ -379,7 +315,7 @@ def apply(
             table.add_row(row["flow"], row["action"], row["etag"])
         return rows, table
 
-    return _run(_kw(locals()), action)
+    return _run(connection, output, action)
 
 
 def _renames(pairs: list[str]) -> dict[str, str]:

@@ -8,16 +8,7 @@ import typer
 from rich.table import Table
 
 from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
-from ferryman.cli._connection import (
-    CaOption,
-    CertOption,
-    KeyOption,
-    ServerNameOption,
-    ServerOption,
-    TimeoutOption,
-    TokenOption,
-    connect_or_fail,
-)
+from ferryman.cli._connection import ConnectionOptions, connection_options
 from ferryman.cli._status import OUTPUTS, OutputOption, emit
 
 group = typer.Typer(
@@ -29,19 +20,14 @@ TRANSLATE_TIMEOUT_S = 30.0
 
 
 @group.command("translate")
+@connection_options(timeout_s=TRANSLATE_TIMEOUT_S)
 def translate(
     *,
     topic: Annotated[str, typer.Argument(help="Source topic.", show_default=False)],
     partition: Annotated[int, typer.Argument(help="Source partition.", min=0, show_default=False)],
     offset: Annotated[int, typer.Argument(help="Source offset.", min=0, show_default=False)],
-    server: ServerOption,
     output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = TRANSLATE_TIMEOUT_S,
+    connection: ConnectionOptions,
 ) -> int:
     """Show where the record at a source TOPIC PARTITION OFFSET was written, from the flow's offset map.
 
@@ -49,18 +35,10 @@ def translate(
     """
     if output not in OUTPUTS:
         return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
-    connection = connect_or_fail(
-        server,
-        token=token,
-        ca_file=ca_file,
-        cert_file=cert_file,
-        key_file=key_file,
-        server_name=server_name,
-        timeout_s=timeout_s,
-    )
-    if isinstance(connection, int):
-        return connection
-    answer = connection.call(lambda admin: admin.translate_offsets(topic, partition, offset))
+    connected = connection.connect_or_fail()
+    if isinstance(connected, int):
+        return connected
+    answer = connected.call(lambda admin: admin.translate_offsets(topic, partition, offset))
     if isinstance(answer, int):
         return answer
     data = {

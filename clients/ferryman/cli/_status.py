@@ -19,17 +19,7 @@ from rich.table import Table
 
 from ferryman.admin import DEFAULT_TIMEOUT_S, FerrymanAdmin, ServiceStatus
 from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
-from ferryman.cli._connection import (
-    CaOption,
-    CertOption,
-    Connection,
-    KeyOption,
-    ServerNameOption,
-    ServerOption,
-    TimeoutOption,
-    TokenOption,
-    connect_or_fail,
-)
+from ferryman.cli._connection import ConnectionOptions, connection_options
 
 OUTPUTS = ("table", "json", "yaml")
 #: Table width when stdout is no terminal (a table is as wide as its content, up to this).
@@ -57,10 +47,13 @@ def emit(output: str, data: Any, table: Table) -> None:
         Console(soft_wrap=True, width=width).print(table)
 
 
-def _run(connection: Connection, output: str, render: Any) -> int:
+def _run(connection: ConnectionOptions, output: str, render: Any) -> int:
     if output not in OUTPUTS:
         return fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}", EXIT_USAGE)
-    status = connection.call(FerrymanAdmin.service_status)
+    connected = connection.connect_or_fail()
+    if isinstance(connected, int):
+        return connected
+    status = connected.call(FerrymanAdmin.service_status)
     if isinstance(status, int):
         return status
     data, table = render(status)
@@ -138,49 +131,13 @@ def _lag_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
     return data, table
 
 
-def status(
-    *,
-    server: ServerOption,
-    output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = DEFAULT_TIMEOUT_S,
-) -> int:
+@connection_options(timeout_s=DEFAULT_TIMEOUT_S)
+def status(*, output: OutputOption = "table", connection: ConnectionOptions) -> int:
     """Show the status of the wrapper or deduper at --server: identity, counters, control link, health."""
-    connection = connect_or_fail(
-        server,
-        token=token,
-        ca_file=ca_file,
-        cert_file=cert_file,
-        key_file=key_file,
-        server_name=server_name,
-        timeout_s=timeout_s,
-    )
-    return connection if isinstance(connection, int) else _run(connection, output, _status_view)
+    return _run(connection, output, _status_view)
 
 
-def lag(
-    *,
-    server: ServerOption,
-    output: OutputOption = "table",
-    token: TokenOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    server_name: ServerNameOption = None,
-    timeout_s: TimeoutOption = DEFAULT_TIMEOUT_S,
-) -> int:
+@connection_options(timeout_s=DEFAULT_TIMEOUT_S)
+def lag(*, output: OutputOption = "table", connection: ConnectionOptions) -> int:
     """Show per-partition lag at --server: committed watermark and records behind the source log end."""
-    connection = connect_or_fail(
-        server,
-        token=token,
-        ca_file=ca_file,
-        cert_file=cert_file,
-        key_file=key_file,
-        server_name=server_name,
-        timeout_s=timeout_s,
-    )
-    return connection if isinstance(connection, int) else _run(connection, output, _lag_view)
+    return _run(connection, output, _lag_view)
