@@ -264,7 +264,7 @@ class Deduper:
         wanted.append(InternalTopic(self._names.dlq_topic, n, dlq_configs, "dead-letter"))
         if self._flow.emit_offset_mappings:
             wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
-        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S)
+        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

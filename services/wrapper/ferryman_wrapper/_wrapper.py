@@ -235,7 +235,9 @@ class Wrapper:
             ),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
-        topics.ensure_internal_topics(target_admin, wanted, _ADMIN_TIMEOUT_S)
+        topics.ensure_internal_topics(
+            target_admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._wc.startup_timeout_s
+        )
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
