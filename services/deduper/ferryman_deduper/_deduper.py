@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 from ferryman import envelope, preflight, rowproduce, topics
 from ferryman.advertisement import advertised_address
 from ferryman.audit_verdicts import VerdictFollower
-from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer, data_producer_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
@@ -160,7 +160,7 @@ class Deduper:
         return base_config(self._target, self._client_id(suffix))
 
     def _make_producer(self) -> tuple[Producer, bool]:
-        conf = self._client_conf("producer")
+        conf = data_producer_config(self._target, self._client_id("producer"))
         conf.update(
             {
                 "enable.idempotence": True,
