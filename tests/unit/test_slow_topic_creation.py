@@ -55,7 +55,7 @@ _WANTED = [InternalTopic("staging", 256, {}, "staging")]
 @pytest.fixture(autouse=True)
 def _no_sleep_no_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topics, "uuid_bytes", lambda _id: b"")
-    monkeypatch.setattr(topics.time, "sleep", lambda _s: None)
+    monkeypatch.setattr("ferryman.topics.time.sleep", lambda _s: None)
 
 
 def test_a_created_topic_that_never_shows_is_a_transient_fault() -> None:
@@ -68,7 +68,7 @@ def test_a_created_topic_that_never_shows_is_a_transient_fault() -> None:
 
 def test_the_visibility_budget_outlasts_the_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(10**6))
-    monkeypatch.setattr(topics.time, "monotonic", lambda: float(next(clock)))  # one "second" per look
+    monkeypatch.setattr("ferryman.topics.time.monotonic", lambda: float(next(clock)))  # one "second" per look
     admin = _SlowAdmin(visible_after=40)
     with pytest.raises(KafkaOperationError):
         ensure_internal_topics(admin, _WANTED, 5.0)  # type: ignore[arg-type]
