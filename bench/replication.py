@@ -1,6 +1,7 @@
 """Replication benchmark: Ferryman, a bare copy loop and MirrorMaker 2, on the same clusters and data.
 
-``python -m bench.replication [--records 1000000] [--value-bytes 100] [--partitions 8]
+``python -m bench.replication [--scenario partitions|large|scale-out] [--records 1000000] [--value-bytes 100]
+[--partitions 8] [--staging-partitions N]
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
@@ -115,6 +116,15 @@ _DEFAULT_ROUNDS = 3
 _SMOKE_ROUNDS = 2
 #: Points of a row's visibility timeline kept in the JSON (enough to plot it).
 _TIMELINE_POINTS = 200
+#: Named shapes of issue 29 (scale): defaults that any explicit option overrides.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # Many partitions of one topic: per-partition and per-commit costs (AddPartitionsToTxn, markers, state writes).
+    "partitions": {"partitions": 256},
+    # Large records (10 KB; pass --value-bytes 1024 or 102400 for the other sizes): copies, compression, memory.
+    "large": {"records": 100_000, "value_bytes": 10_240},
+    # Two wrappers and two dedupers sharing one flow at 256 partitions: does a second core help?
+    "scale-out": {"partitions": 256, "wrapper_procs": 2, "deduper_procs": 2},
+}
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,12 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         description=(__doc__ or "").splitlines()[0],
     )
     ap.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        help="a named shape (issue 29): partitions (256 partitions), large (100 k x 10 KB), scale-out (256 "
+        "partitions, two wrappers and two dedupers); explicit options override its settings",
+    )
+    ap.add_argument(
         "--records", type=int, default=1_000_000, help="records preloaded into the source topic (%(default)s)"
     )
     ap.add_argument("--value-bytes", type=int, default=100, help="size of every value, keys are 8 bytes (%(default)s)")
@@ -189,6 +205,11 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument("--deduper-procs", type=int, default=1, help="ferryman: deduper processes (%(default)s)")
     ap.add_argument(
         "--ferryman-txn-ms", type=int, help="ferryman: deduper.transaction_interval_ms (default: service's)"
+    )
+    ap.add_argument(
+        "--staging-partitions",
+        type=int,
+        help="ferryman: flows[].staging_partitions (default: the service's, whatever the source partition count)",
     )
     ap.add_argument(
         "--staging-compression",
@@ -241,6 +262,9 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     )
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
+    scenario = ap.parse_known_args(argv)[0].scenario
+    if scenario is not None:
+        ap.set_defaults(**SCENARIOS[scenario])
     args = ap.parse_args(argv)
     if args.smoke:
         args.records, args.partitions, args.latency_seconds, args.warmup_seconds = 20_000, 4, 3.0, 3.0
@@ -262,6 +286,8 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         ap.error(f"--value-bytes must be at least {MIN_VALUE_BYTES} (the sequence header)")
     if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks, args.rounds) < 1:
         ap.error("--records, --partitions, --*-procs, --mm2-tasks and --rounds must be positive")
+    if args.staging_partitions is not None and args.staging_partitions < 1:
+        ap.error("--staging-partitions must be positive")
     if args.rehearsal_records < 0:
         ap.error("--rehearsal-records must not be negative")
     if args.partitions > MAX_PARTITIONS:
@@ -290,6 +316,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
             deduper_procs=args.deduper_procs,
             ferryman_txn_ms=args.ferryman_txn_ms,
             staging_compression=args.staging_compression,
+            staging_partitions=args.staging_partitions,
             mm2_tasks=args.mm2_tasks,
             mm2_producer_tuning=args.mm2_producer_tuning,
         ),

@@ -31,6 +31,8 @@ class RowOptions:
     """Ferryman: ``deduper.transaction_interval_ms`` (None: the service default)."""
     staging_compression: str = "none"
     """Ferryman: ``wrapper.compression_type``, the staging hop's compression."""
+    staging_partitions: int | None = None
+    """Ferryman: ``flows[].staging_partitions`` (None: the service default)."""
     mm2_tasks: int = 2
     """MirrorMaker 2: ``tasks.max``."""
     mm2_producer_tuning: bool = False

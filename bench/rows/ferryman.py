@@ -47,22 +47,23 @@ class FerrymanRow(Row):
         deduper: dict[str, Any] = {"metrics_address": "127.0.0.1:0"}
         if opts.ferryman_txn_ms is not None:
             deduper["transaction_interval_ms"] = opts.ferryman_txn_ms
+        flow: dict[str, Any] = {
+            "name": f"bench-{self.ctx.run_id}",
+            "source": self.alias,
+            "target": "destination",
+            "topics": ["^(" + "|".join(re.escape(t) for t in self.ctx.topics) + ")$"],
+            "naming": {"policy": "prefix"},
+        }
+        if opts.staging_partitions is not None:
+            # Staging partitions are the unit of deduper parallelism, not a copy of the source's partition count:
+            # each one a deduper owns costs a state and an offset-map write in every transaction (see README).
+            flow["staging_partitions"] = opts.staging_partitions
         return {
             "clusters": {
                 self.alias: {"bootstrap_servers": self.ctx.source},
                 "destination": {"bootstrap_servers": self.ctx.destination},
             },
-            "flows": [
-                {
-                    "name": f"bench-{self.ctx.run_id}",
-                    "source": self.alias,
-                    "target": "destination",
-                    "topics": ["^(" + "|".join(re.escape(t) for t in self.ctx.topics) + ")$"],
-                    "naming": {"policy": "prefix"},
-                    # One staging partition per source partition: each deduper gets an equal share.
-                    "staging_partitions": self.ctx.partitions,
-                }
-            ],
+            "flows": [flow],
             "wrapper": {
                 "listen_address": "127.0.0.1:0",
                 "metrics_address": "127.0.0.1:0",
@@ -118,5 +119,5 @@ class FerrymanRow(Row):
             "deduper_procs": opts.deduper_procs,
             "transaction_interval_ms": opts.ferryman_txn_ms or "service default",
             "staging_compression": opts.staging_compression,
-            "staging_partitions": self.ctx.partitions,
+            "staging_partitions": opts.staging_partitions or "service default",
         }

@@ -59,6 +59,21 @@ STREAMING_CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Memory bound of both services' data producers (staging, destination). A cluster's ``client_config``
+#: overrides it. librdkafka's default is 1 GiB, and a wrapper whose source reads run ahead of the staging
+#: hop filled it: with 10 KB records the pair peaked at 1.27 GB against the copy loop's 374 MB (issue 29).
+#: 64 MiB is still 0.6 s of data at 100 MB/s (a full queue is waited out: the wrapper polls, the deduper's
+#: direct path hands the row to produce(), which waits), so the rate does not depend on it. With it, a
+#: service's peak RSS is about its ~80 MB interpreter and libraries, plus queued.max.messages.kbytes of
+#: prefetched records (64 MiB, overshot by up to one fetch), plus this, plus the batch in hand (README).
+PRODUCER_QUEUE_MAX_KBYTES = 64 * 1024
+
+
+def data_producer_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
+    """Properties of a service's data producer: the memory bound, then the cluster's (which may change it)."""
+    return {"queue.buffering.max.kbytes": PRODUCER_QUEUE_MAX_KBYTES, **base_config(cluster, client_id)}
+
+
 def streaming_consumer_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
     """Properties of a consumer that streams records (STREAMING_CONSUMER_DEFAULTS, then the cluster's)."""
     return {**STREAMING_CONSUMER_DEFAULTS, **base_config(cluster, client_id)}

@@ -23,7 +23,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ferryman.errors import TopicShapeError
+from ferryman.errors import KafkaOperationError, TopicShapeError
 from ferryman.kafka_errors import authorization_error, retry_retriable
 
 _log = logging.getLogger(__name__)
@@ -197,7 +197,9 @@ class InternalTopic:
     """The configuration setting its partition count comes from, named in errors ("" if none)."""
 
 
-def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float) -> None:
+def ensure_internal_topics(
+    admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float, *, visible_budget_s: float | None = None
+) -> None:
     """Create the internal topics that are missing and check the shape of every one.
 
     Existing topics are checked before anything is created, so a wrong shape
@@ -206,10 +208,16 @@ def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], 
     cover all topics at once: a service starting up waits for a few round trips
     (describe, create, describe, describe configs), not a few per topic.
 
+    A topic the cluster accepted is waited for until it shows in the metadata,
+    for up to ``visible_budget_s`` (default ``timeout_s``): a broker creates
+    every partition's log before it describes the topic, which took over 30 s
+    for a few hundred partitions on a loaded machine here.
+
     Raises:
-        TopicShapeError: a topic could not be created, or exists with another
-            partition count, cleanup policy or a smaller max.message.bytes than
-            Ferryman needs.
+        TopicShapeError: a topic exists with another partition count, cleanup
+            policy or a smaller max.message.bytes than Ferryman needs.
+        KafkaOperationError: a created topic did not show in the metadata in
+            time (transient: the cluster is slow, nothing is misconfigured).
     """
     existing = describe_topics(admin, [t.name for t in wanted], timeout_s)
     _check_shapes(admin, [t for t in wanted if t.name in existing], existing, timeout_s)
@@ -222,7 +230,15 @@ def ensure_internal_topics(admin: AdminClient, wanted: Sequence[InternalTopic], 
         timeout_s,
     )
     # Another service of the flow may have created some of them first: check them all the same.
-    _check_shapes(admin, missing, _await_topics(admin, {t.name: 1 for t in missing}, timeout_s), timeout_s)
+    budget_s = timeout_s if visible_budget_s is None else max(timeout_s, visible_budget_s)
+    found = _await_topics(admin, {t.name: 1 for t in missing}, budget_s)
+    unseen = [t.name for t in missing if t.name not in found]
+    if unseen:
+        raise KafkaOperationError(
+            f"creating topics {', '.join(unseen)}",
+            TimeoutError(f"created, but not in the cluster's metadata after {budget_s:.0f} s"),
+        )
+    _check_shapes(admin, missing, found, timeout_s)
 
 
 def _check_shapes(

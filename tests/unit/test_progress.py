@@ -289,3 +289,20 @@ def test_commit_and_rewind_never_pass_an_unacknowledged_envelope(seed: int) -> N
         assert t.any_failed == failed
         if not failed:  # a poisoned partition stops tracking its reports until the rewind
             assert t.in_flight_count() == len(in_flight)
+
+
+def test_a_failure_is_answered_without_walking_every_partition_and_cleared_by_a_restart_or_a_revoke() -> None:
+    t = ProgressTracker()
+    keys = [PartitionKey("orders", p) for p in range(1000)]
+    for key in keys:
+        t.start(key, 0)
+    assert t._failed == set()  # the flag any_failed reads: a set of the failed, not a walk over all 1000
+    t.sent(keys[500], 9)
+    t.failed(keys[500])
+    t.failed(PartitionKey("unknown", 0))  # not tracked: ignored
+    assert t.any_failed and t._failed == {keys[500]}
+    t.start(keys[500], 0)  # the rewind restarts it
+    assert not t.any_failed
+    t.failed(keys[7])
+    t.forget(keys[7])  # revoked
+    assert not t.any_failed

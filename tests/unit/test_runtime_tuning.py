@@ -8,7 +8,13 @@ import sys
 
 import pytest
 from confluent_kafka import Producer
-from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS, connected_producer, streaming_consumer_config
+from ferryman.client_config import (
+    PRODUCER_QUEUE_MAX_KBYTES,
+    STREAMING_CONSUMER_DEFAULTS,
+    connected_producer,
+    data_producer_config,
+    streaming_consumer_config,
+)
 from ferryman.config import ClusterConfig
 from ferryman.service import tune_gc
 
@@ -29,6 +35,32 @@ def test_a_clusters_client_config_overrides_the_streaming_defaults() -> None:
     assert conf["fetch.queue.backoff.ms"] == "100"
     assert conf["security.protocol"] == "SSL"
     assert conf["fetch.wait.max.ms"] == STREAMING_CONSUMER_DEFAULTS["fetch.wait.max.ms"]
+
+
+def test_data_producers_are_memory_bound_unless_the_cluster_says_otherwise() -> None:
+    conf = data_producer_config(ClusterConfig(bootstrap_servers="k:9092"), "w-1-staging")
+    # librdkafka's default is 1 GiB: a wrapper reading ahead of the staging hop filled it (issue 29).
+    assert conf["queue.buffering.max.kbytes"] == PRODUCER_QUEUE_MAX_KBYTES == 64 * 1024
+    assert (conf["bootstrap.servers"], conf["client.id"]) == ("k:9092", "w-1-staging")
+    cluster = ClusterConfig(bootstrap_servers="k:9092", client_config={"queue.buffering.max.kbytes": "262144"})
+    assert data_producer_config(cluster, "d-1-producer")["queue.buffering.max.kbytes"] == "262144"
+
+
+def test_a_full_bounded_queue_is_a_buffer_error_to_wait_out_not_growth() -> None:
+    # What the services rely on: past the bound librdkafka refuses the record (BufferError), which the wrapper
+    # waits out with poll() and the deduper's direct path hands to produce(), which does the same.
+    conf = data_producer_config(ClusterConfig(bootstrap_servers="127.0.0.1:1"), "w-1-staging")
+    conf["queue.buffering.max.kbytes"] = 1024  # 1 MiB: the same mechanism at a size a unit test can fill
+    producer = Producer(conf)
+    value = b"x" * 100_000
+
+    def fill() -> None:
+        for _ in range(100):  # 10 MB, ten times the bound
+            producer.produce("t", value=value)
+
+    with pytest.raises(BufferError):
+        fill()
+    producer.purge()
 
 
 def test_a_producer_no_broker_answers_is_returned_and_the_wait_logged(caplog: pytest.LogCaptureFixture) -> None:

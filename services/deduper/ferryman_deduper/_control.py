@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
+from confluent_kafka import KafkaException
 from ferryman import protocol
 from ferryman.config import DeduperConfig
-from ferryman.errors import PreconditionError
+from ferryman.errors import FerrymanError, PreconditionError
+from ferryman.kafka_errors import is_transient
 from ferryman.rpc import IncompatiblePeerError
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
@@ -313,7 +315,13 @@ class ControlTicker:
                 spec = hub.specs.get_nowait()
             except queue.Empty:
                 break
-            self._add_spec(spec)
+            try:
+                self._add_spec(spec)
+            except (KafkaException, FerrymanError) as exc:
+                if not is_transient(exc):
+                    raise
+                # Kept in the specs: the periodic sync (or the first record's resolve) creates it later.
+                _log.warning("destination topic of %s not ready yet (%s); trying again later", spec.topic, exc)
         while True:
             try:
                 answer = hub.resent.get_nowait()

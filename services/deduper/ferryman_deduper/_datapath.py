@@ -331,7 +331,16 @@ class DataPath:
             )
 
     def _produce_mappings(self) -> None:
+        """One offset-map record per run of a source partition's records at consecutive destination offsets.
+
+        A transaction holds one slice per envelope, and at many partitions a streaming wrapper sends
+        envelopes of a few records each (a consume batch spread over hundreds of partitions): a record per
+        slice made the map cost a record per envelope. Slices of one source partition that continue each
+        other at the destination (the usual case: one producer, one partition, in order) merge into one
+        record; readers take mappings of any length (``mapped_source_offsets``), in order per partition.
+        """
         n = self._flow.staging_partitions
+        runs: dict[PartitionKey, list[_MapRun]] = {}
         for slc in self._txn.slices:
             count = len(slc.source_offsets)
             if slc.last_destination_offset >= 0:
@@ -351,12 +360,52 @@ class DataPath:
                     slc.destination_topic,
                 )
                 continue
-            mapping = offset_mapping(
-                slc.source, slc.destination_topic, slc.first_destination_offset, slc.source_offsets
-            )
-            self._txn.producer.produce(
-                self._names.offset_map_topic,
-                key=f"{slc.key.topic}/{slc.key.partition}/{slc.source_offsets[0]}".encode(),
-                value=mapping.SerializeToString(),
-                partition=envelope.staging_partition(slc.key.topic, slc.key.partition, n),
-            )
+            key_runs = runs.setdefault(slc.key, [])
+            if not (key_runs and key_runs[-1].extend(slc)):
+                key_runs.append(_MapRun(slc))
+        for key, key_runs in runs.items():
+            partition = envelope.staging_partition(key.topic, key.partition, n)
+            for run in key_runs:
+                offsets = run.source_offsets()
+                mapping = offset_mapping(run.source, run.destination_topic, run.first_destination_offset, offsets)
+                self._txn.producer.produce(
+                    self._names.offset_map_topic,
+                    key=f"{key.topic}/{key.partition}/{offsets[0]}".encode(),
+                    value=mapping.SerializeToString(),
+                    partition=partition,
+                )
+
+
+class _MapRun:
+    """Slices of one source partition at consecutive destination offsets: one offset-map record."""
+
+    def __init__(self, slc: Slice) -> None:
+        self.source = slc.source
+        self.destination_topic = slc.destination_topic
+        self.first_destination_offset = slc.first_destination_offset
+        self.last_destination_offset = slc.last_destination_offset
+        self._pieces: list[Sequence[int]] = [slc.source_offsets]
+
+    def extend(self, slc: Slice) -> bool:
+        """Take slc if it continues this run at the destination (same topic, next offset); False otherwise."""
+        if (
+            slc.destination_topic != self.destination_topic
+            or slc.first_destination_offset != self.last_destination_offset + 1
+            or slc.source.topic_id != self.source.topic_id
+            or slc.source_offsets[0] <= self._pieces[-1][-1]
+        ):
+            return False
+        self._pieces.append(slc.source_offsets)
+        self.last_destination_offset = slc.last_destination_offset
+        return True
+
+    def source_offsets(self) -> Sequence[int]:
+        """The run's source offsets, as a range when they have no hole (the map then stores two numbers)."""
+        pieces = self._pieces
+        if len(pieces) == 1:
+            return pieces[0]
+        first, last = pieces[0][0], pieces[-1][-1]
+        total = sum(map(len, pieces))
+        if last - first == total - 1:
+            return range(first, last + 1)
+        return [o for piece in pieces for o in piece]

@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 from ferryman import envelope, preflight, rowproduce, topics
 from ferryman.advertisement import advertised_address
 from ferryman.audit_verdicts import VerdictFollower
-from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer, data_producer_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
@@ -160,7 +160,7 @@ class Deduper:
         return base_config(self._target, self._client_id(suffix))
 
     def _make_producer(self) -> tuple[Producer, bool]:
-        conf = self._client_conf("producer")
+        conf = data_producer_config(self._target, self._client_id("producer"))
         conf.update(
             {
                 "enable.idempotence": True,
@@ -264,7 +264,7 @@ class Deduper:
         wanted.append(InternalTopic(self._names.dlq_topic, n, dlq_configs, "dead-letter"))
         if self._flow.emit_offset_mappings:
             wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
-        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S)
+        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient
 from ferryman import topics
 from ferryman.config import FlowConfig
-from ferryman.errors import ConfigError, FerrymanError
+from ferryman.errors import ConfigError, FerrymanError, KafkaOperationError
 from ferryman.naming import NamingPolicy
 from ferryman.state import read_compacted
 from ferryman.v1 import envelope_pb2, state_pb2
@@ -182,7 +182,13 @@ class DestinationTopics:
             )
             existing = topics.await_topic(self._admin, name, self._timeout_s)
             if existing is None:
-                raise FerrymanError(f"destination topic {name} was not created in time")
+                # Transient: a broker creates every partition's log before it describes the topic
+                # (over 30 s for 256 partitions on a loaded machine here). The next resolve or sync
+                # finds the topic, empty, and takes it.
+                raise KafkaOperationError(
+                    f"creating destination topic {name}",
+                    TimeoutError(f"created, but not in the cluster's metadata after {self._timeout_s:.0f} s"),
+                )
         elif (spec.cluster_id, spec.topic) not in self._ready:
             self._check_existing(name, existing.partitions, spec)
         if existing.partitions < wanted:
@@ -275,4 +281,7 @@ class DestinationTopics:
             if t is not None and t.error is None and len(t.partitions) >= partitions:
                 return
             time.sleep(0.1)  # metadata propagation after CreateTopics: poll with a short interval
-        raise FerrymanError(f"destination topic {name} did not show {partitions} partitions in time")
+        raise KafkaOperationError(  # transient, as a slow creation above
+            f"waiting for destination topic {name}",
+            TimeoutError(f"{partitions} partitions not in the producer's metadata after {self._timeout_s:.0f} s"),
+        )

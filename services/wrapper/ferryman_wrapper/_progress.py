@@ -32,6 +32,9 @@ class ProgressTracker:
 
     def __init__(self) -> None:
         self._parts: dict[PartitionKey, _Partition] = {}
+        #: Partitions with a failed delivery: any_failed is asked after every consume() batch, and must not
+        #: walk every assigned partition to answer (hundreds of them at scale).
+        self._failed: set[PartitionKey] = set()
 
     def start(self, key: PartitionKey, next_offset: int, logical_start: int | None = None) -> None:
         """Begin tracking key from next_offset (a start or rewind position).
@@ -43,10 +46,12 @@ class ProgressTracker:
         self._parts[key] = _Partition(
             committed_next=next_offset, acked_upto=next_offset - 1, logical_start=logical_start
         )
+        self._failed.discard(key)
 
     def forget(self, key: PartitionKey) -> None:
         """Stop tracking key (partition revoked or lost)."""
         self._parts.pop(key, None)
+        self._failed.discard(key)
 
     def sent(self, key: PartitionKey, last_offset: int) -> None:
         """Record that an envelope ending at last_offset was handed to the producer."""
@@ -72,11 +77,12 @@ class ProgressTracker:
         part = self._parts.get(key)
         if part is not None:
             part.failed = True
+            self._failed.add(key)
 
     @property
     def any_failed(self) -> bool:
         """True when some partition needs a rewind."""
-        return any(p.failed for p in self._parts.values())
+        return bool(self._failed)
 
     def commit_positions(self, keys: list[PartitionKey] | None = None) -> dict[PartitionKey, int]:
         """Positions worth committing now: acked_upto + 1 where it moved forward."""

@@ -38,7 +38,7 @@ import grpc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, protocol, topics
-from ferryman.client_config import base_config, connected_producer, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer, data_producer_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
@@ -166,7 +166,7 @@ class Wrapper:
 
     # ------------------------------------------------------------------ setup
     def _make_producer(self) -> Producer:
-        conf = base_config(self._target, f"{self.wrapper_id}-staging")
+        conf = data_producer_config(self._target, f"{self.wrapper_id}-staging")
         conf.update(
             {
                 # Idempotence keeps envelopes of one staging partition in order
@@ -235,7 +235,9 @@ class Wrapper:
             ),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
-        topics.ensure_internal_topics(target_admin, wanted, _ADMIN_TIMEOUT_S)
+        topics.ensure_internal_topics(
+            target_admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._wc.startup_timeout_s
+        )
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
