@@ -94,7 +94,7 @@ class Report:
         records_aborted: int,
         faults: list[FaultRecord],
         topics: list[TopicResult],
-        rates: list[tuple[float, float]],
+        rates: list[tuple[float, float, float]],
         offered_rate: float,
         service_starts: dict[str, int],
         services_down_at_end: list[str],
@@ -105,11 +105,12 @@ class Report:
         total = Tally()
         for t in topics:
             total.add(t.tally)
-        values = [r for _, r in rates]
+        values = [r for _, _, r in rates]
         baseline = statistics.median(values) if values else 0.0
         for f in faults:
             end = f.recovered_at_s if f.recovered_at_s is not None else float("inf")
-            window = [r for at, r in rates if f.started_s - 1.0 <= at <= end]
+            # Every step that overlaps the fault, from its start to its recovery (same time base: the run's start).
+            window = [r for begin, until, r in rates if until > f.started_s and begin <= end]
             f.min_rate = round(min(window), 1) if window else None
         by_kind: Counter[str] = Counter()
         for f in faults:

@@ -227,6 +227,10 @@ class ChaosRun:
         records: list[FaultRecord] = []
         pending: list[tuple[FaultRecord, Sample]] = []
         for fault in self.schedule:
+            if self.load.errors:
+                # Without load no partition can move on: every later recovery wait would run to its budget.
+                _log.error("chaos: the load generator failed (%s); no more faults", self.load.errors[0])
+                break
             time.sleep(fault.before_s)  # steady load between faults, by design
             record = FaultRecord(fault.to_json(), started_s=round(time.monotonic() - started, 2))
             _log.info(
@@ -250,7 +254,9 @@ class ChaosRun:
                 continue
             for rec, mark in pending:
                 with rec.phase("recovery wait"):
-                    rec.recovery_s = self.progress.wait_moved_on(mark, RECOVERY_BUDGET_S)
+                    rec.recovery_s = self.progress.wait_moved_on(
+                        mark, RECOVERY_BUDGET_S, give_up=lambda: bool(self.load.errors)
+                    )
                 rec.recovered_at_s = round(time.monotonic() - started, 2)
                 if rec.recovery_s is None:
                     rec.error = rec.error or (
@@ -278,7 +284,7 @@ class ChaosRun:
             records_aborted=self.load.streams["txn"].aborted,
             faults=records,
             topics=results,
-            rates=self.progress.rates(),
+            rates=self.progress.rates(started),
             offered_rate=self.profile.rate_per_s,
             service_starts=exits,
             services_down_at_end=dead,
