@@ -277,13 +277,22 @@ def port_open(port: int, timeout_s: float) -> bool:
         return True
 
 
-def brokers_listed(bootstrap: str, cluster_id: str, node_ids: Collection[int], timeout_s: float) -> bool:
+def brokers_listed(
+    bootstrap: str,
+    cluster_id: str,
+    node_ids: Collection[int],
+    timeout_s: float,
+    *,
+    client: Mapping[str, str] | None = None,
+) -> bool:
     """True once the metadata bootstrap returns lists every one of node_ids as a live broker.
+
+    ``client`` (here and in the other probes): more librdkafka settings, a login on an authenticated cluster.
 
     Raises:
         ClusterStartError: bootstrap answers for another cluster (another process holds the port).
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_client_log)
+    admin = AdminClient({"bootstrap.servers": bootstrap, **dict(client or {})}, logger=_client_log)
     metadata = admin.list_topics(timeout=timeout_s)
     if metadata.cluster_id != cluster_id:
         raise ClusterStartError(
@@ -293,10 +302,11 @@ def brokers_listed(bootstrap: str, cluster_id: str, node_ids: Collection[int], t
     return set(node_ids) <= set(metadata.brokers)
 
 
-def transactions_ready(bootstrap: str, timeout_s: float) -> bool:
+def transactions_ready(bootstrap: str, timeout_s: float, *, client: Mapping[str, str] | None = None) -> bool:
     """True once a transactional producer initialises (``__transaction_state`` exists and is loaded)."""
     producer = Producer(
         {
+            **dict(client or {}),
             "bootstrap.servers": bootstrap,
             "transactional.id": f"ferryman-local-warmup-{uuid.uuid4().hex}",
             "logger": _client_log,
@@ -306,9 +316,16 @@ def transactions_ready(bootstrap: str, timeout_s: float) -> bool:
     return True
 
 
-def groups_ready(bootstrap: str, timeout_s: float) -> bool:
+def groups_ready(bootstrap: str, timeout_s: float, *, client: Mapping[str, str] | None = None) -> bool:
     """True once a group coordinator answers an offset fetch (``__consumer_offsets`` exists and is loaded)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ferryman-local-warmup", "logger": _client_log})
+    consumer = Consumer(
+        {
+            **dict(client or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": "ferryman-local-warmup",
+            "logger": _client_log,
+        }
+    )
     try:
         consumer.committed([TopicPartition("ferryman-local-warmup", 0)], timeout=timeout_s)
     finally:
