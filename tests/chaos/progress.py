@@ -20,6 +20,9 @@ _log = logging.getLogger(__name__)
 # Short enough to time a recovery to ~0.3 s; each sample is one ListOffsets round per partition.
 _SAMPLE_S = 0.25
 _WATERMARK_TIMEOUT_S = 2.0
+# Destination ends move in bursts (a deduper transaction every 200 ms per partition, and seconds apart
+# when the machine is loaded: most 1 s steps read 0 then, a median of 0/s): rates over 5 s steps.
+_RATE_STEP_S = 5.0
 # Consecutive samples with unanswered partitions before the client is replaced: a broker away for a
 # moment is not a reason, a client stuck on stale metadata is (a new one needs a sample to warm up).
 _FRESH_AFTER = 8
@@ -130,7 +133,7 @@ class Progress(threading.Thread):
         return None
 
     def rates(self, origin: float) -> list[tuple[float, float, float]]:
-        """Destination records per second, in steps of about a second: (from, to, rate), times in seconds since origin.
+        """Destination records per second, in steps of about _RATE_STEP_S: (from, to, rate), in seconds since origin.
 
         Args:
             origin: the monotonic time the returned times count from (the run's start, as the faults' times do).
@@ -147,7 +150,7 @@ class Progress(threading.Thread):
             return []
         prev = complete[0]
         for s in complete[1:]:
-            if s.at - prev.at >= 1.0:
+            if s.at - prev.at >= _RATE_STEP_S:
                 common = set(s.ends) & set(prev.ends)
                 moved = sum(max(0, s.ends[k] - prev.ends[k]) for k in common)
                 out.append((round(prev.at - origin, 2), round(s.at - origin, 2), moved / (s.at - prev.at)))
