@@ -54,8 +54,9 @@ _PROBE_INTERVAL_S = 0.2
 # A single probe (TCP connect, metadata request) may take this long before it counts as failed.
 _PROBE_TIMEOUT_S = 5.0
 _LOG_TAIL_CHARS = 4000
-# StorageTool is a short-lived JVM (~2 s); this only bounds a wedged one.
-_FORMAT_TIMEOUT_S = 120.0
+# StorageTool is a short-lived JVM (~2 s idle); this only bounds a wedged one. Four of them at once (a chaos
+# run's two clusters) on a 2-core machine shared with other Kafka tests took over 120 s (load average 50+).
+_FORMAT_TIMEOUT_S = 300.0
 
 
 class BrokerProcess:
