@@ -50,6 +50,11 @@ _AUTHORIZATION_CODES = {
 }
 
 
+def is_authorization_failure(err: KafkaError) -> bool:
+    """A client's error event (or a message error) that says the cluster refused for lack of an ACL."""
+    return err.code() in _AUTHORIZATION_CODES
+
+
 def authorization_error(exc: BaseException, *, operation: str, resource: str = "") -> AuthorizationError | None:
     """The clear form of an authorization failure, or None when exc is not one.
 

@@ -148,14 +148,13 @@ class Load:
         stream.sent += 1
 
     def _run_transactional(self, stream: RoleStream) -> None:
-        conf = {
+        conf: dict[str, str | int | bool] = {
             "bootstrap.servers": self.bootstrap,
             "transactional.id": f"chaos-load-{stream.topic}",
             "linger.ms": 5,
             "transaction.timeout.ms": 60_000,
         }
-        producer = Producer(conf)
-        producer.init_transactions(60)
+        producer = self._new_transactional(conf)
         started, sent, number = time.monotonic(), 0, 0
         while not self._stop.is_set():
             number += 1
@@ -173,12 +172,25 @@ class Load:
             except KafkaException as exc:
                 error = exc.args[0]
                 _log.info("load txn: %s; aborting", error)
-                if error.fatal():
-                    producer = Producer(conf)
-                    producer.init_transactions(120)
-                else:
-                    self._abort(producer)
+                if error.fatal() or not self._abort(producer):
+                    # A fatal error leaves the producer unusable (every later call fails the same way): a new
+                    # one fences the old epoch and the coordinator aborts what it left open.
+                    producer = self._new_transactional(conf)
             self._pace(started, sent)
+
+    def _new_transactional(self, conf: dict[str, str | int | bool]) -> Producer:
+        """A transactional producer, initialised (retried while the source is away, within _FLUSH_S)."""
+        deadline = time.monotonic() + _FLUSH_S
+        while True:
+            producer = Producer(conf)
+            try:
+                producer.init_transactions(30)
+                return producer
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise
+                _log.info("load txn init: %s; again", exc)
+                time.sleep(_TXN_RETRY_S)
 
     def _commit(self, producer: Producer) -> None:
         deadline = time.monotonic() + _FLUSH_S
@@ -191,13 +203,17 @@ class Load:
                     raise
                 time.sleep(_TXN_RETRY_S)
 
-    def _abort(self, producer: Producer) -> None:
+    def _abort(self, producer: Producer) -> bool:
+        """Abort the open transaction; False when the producer hit a fatal error instead (replace it)."""
         deadline = time.monotonic() + _FLUSH_S
         while True:
             try:
                 producer.abort_transaction(30)
-                return
+                return True
             except KafkaException as exc:
+                if exc.args[0].fatal():
+                    _log.info("load txn abort: %s; a new producer", exc)
+                    return False
                 if time.monotonic() > deadline:
                     raise
                 _log.info("load txn abort: %s; again", exc)

@@ -10,6 +10,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
@@ -19,6 +20,9 @@ _log = logging.getLogger(__name__)
 # Short enough to time a recovery to ~0.3 s; each sample is one ListOffsets round per partition.
 _SAMPLE_S = 0.25
 _WATERMARK_TIMEOUT_S = 2.0
+# Destination ends move in bursts (a deduper transaction every 200 ms per partition, and seconds apart
+# when the machine is loaded: most 1 s steps read 0 then, a median of 0/s): rates over 5 s steps.
+_RATE_STEP_S = 5.0
 # Consecutive samples with unanswered partitions before the client is replaced: a broker away for a
 # moment is not a reason, a client stuck on stale metadata is (a new one needs a sample to warm up).
 _FRESH_AFTER = 8
@@ -114,31 +118,41 @@ class Progress(threading.Thread):
         # A partition absent from mark (new, or its leader away then) must hold something now.
         return all(now.ends.get(tp, -1) > mark.ends.get(tp, 0) for tp in wanted)
 
-    def wait_moved_on(self, mark: Sample, timeout_s: float) -> float | None:
-        """Seconds from mark until every loaded partition moved on; None if that took over timeout_s."""
+    def wait_moved_on(
+        self, mark: Sample, timeout_s: float, give_up: Callable[[], bool] = lambda: False
+    ) -> float | None:
+        """Seconds from mark until every loaded partition moved on; None if that took over timeout_s.
+
+        give_up: ends the wait at once (None) when it returns True: no progress can come (the load died).
+        """
         deadline = mark.at + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not give_up():
             if self.moved_on_since(mark):
                 return self.latest().at - mark.at
             time.sleep(_SAMPLE_S / 2)  # waiting on the sampler thread's next sample
         return None
 
-    def rates(self) -> list[tuple[float, float]]:
-        """Destination records per second over each second of the run: (seconds since start, rate)."""
+    def rates(self, origin: float) -> list[tuple[float, float, float]]:
+        """Destination records per second, in steps of about _RATE_STEP_S: (from, to, rate), in seconds since origin.
+
+        Args:
+            origin: the monotonic time the returned times count from (the run's start, as the faults' times do).
+
+        A sample where some partition went unanswered (its leader away) would read as a drop to 0 for it:
+        such samples are skipped, so a step spans the gap and its rate is the gap's average.
+        """
         if len(self.samples) < 2:
             return []
-        start = self.samples[0].at
-        out: list[tuple[float, float]] = []
+        out: list[tuple[float, float, float]] = []
         full = max(len(s.ends) for s in self.samples)
-        # Samples where a partition went unanswered would read as a drop to 0: skipped.
         complete = [s for s in self.samples if len(s.ends) >= full or (s.ends and len(s.ends) >= full - 2)]
         if len(complete) < 2:
             return []
         prev = complete[0]
         for s in complete[1:]:
-            if s.at - prev.at >= 1.0:
+            if s.at - prev.at >= _RATE_STEP_S:
                 common = set(s.ends) & set(prev.ends)
                 moved = sum(max(0, s.ends[k] - prev.ends[k]) for k in common)
-                out.append((round(prev.at - start, 2), moved / (s.at - prev.at)))
+                out.append((round(prev.at - origin, 2), round(s.at - origin, 2), moved / (s.at - prev.at)))
                 prev = s
         return out

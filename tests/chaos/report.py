@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import statistics
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.chaos.checker import Tally, TopicResult
 from tests.chaos.schedule import target_class
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,6 +34,25 @@ class FaultRecord:
     detail: str = ""
     error: str = ""
     """Why the fault counts against the verdict (not applied, no recovery)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Wall seconds the runner spent in each step of this fault (``apply`` holds the fault itself and,
+    for a broker fault, the node's restart; ``recovery wait``; ``settle``; and the sub-steps below them,
+    e.g. ``broker restart``, ``quiesce: destination caught up``): where a run's time goes."""
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a step of this fault into ``phases`` (and log it, so a slow step shows as it ends)."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - began
+            self.phases[name] = round(self.phases.get(name, 0.0) + took, 2)
+            _log.info("chaos fault %d: %s took %.1f s", int(self.fault["index"]) + 1, name, took)
+
+    def timings(self) -> str:
+        """The phases in one line: ``apply 5.2 s, recovery wait 1.3 s, ...``."""
+        return ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
 
 
 @dataclass
@@ -48,6 +73,8 @@ class Report:
     offered_rate: float
     service_starts: dict[str, int]
     services_down_at_end: list[str]
+    phases: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of the run's steps outside the faults (start-up, final catch-up)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -67,21 +94,23 @@ class Report:
         records_aborted: int,
         faults: list[FaultRecord],
         topics: list[TopicResult],
-        rates: list[tuple[float, float]],
+        rates: list[tuple[float, float, float]],
         offered_rate: float,
         service_starts: dict[str, int],
         services_down_at_end: list[str],
         harness_errors: list[str],
+        phases: dict[str, float] | None = None,
     ) -> Report:
         """Put the figures together and judge them."""
         total = Tally()
         for t in topics:
             total.add(t.tally)
-        values = [r for _, r in rates]
+        values = [r for _, _, r in rates]
         baseline = statistics.median(values) if values else 0.0
         for f in faults:
             end = f.recovered_at_s if f.recovered_at_s is not None else float("inf")
-            window = [r for at, r in rates if f.started_s - 1.0 <= at <= end]
+            # Every step that overlaps the fault, from its start to its recovery (same time base: the run's start).
+            window = [r for begin, until, r in rates if until > f.started_s and begin <= end]
             f.min_rate = round(min(window), 1) if window else None
         by_kind: Counter[str] = Counter()
         for f in faults:
@@ -109,6 +138,7 @@ class Report:
             offered_rate=offered_rate,
             service_starts=service_starts,
             services_down_at_end=services_down_at_end,
+            phases=dict(phases or {}),
             problems=problems,
         )
 
@@ -143,7 +173,9 @@ class Report:
                 f"{f.fault['index']:>3} {f.started_s:>6.1f} {f.fault['kind']:<15} {f.fault['target']:<14} "
                 f"{f.fault['duration_s']:>6.1f} {rec:>10} {rate:>8} {f.detail}{' ERROR: ' + f.error if f.error else ''}"
             )
+            lines.append(f"{'':>11}time: {f.timings()}")
         lines.append("")
+        lines.append("run steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
         lines.append(f"verdict: {'clean' if self.clean else 'FAILED'}")
         lines.extend(f"  - {p}" for p in self.problems)
         for t in self.topics:

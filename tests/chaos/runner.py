@@ -20,8 +20,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,8 @@ class ChaosRun:
         self.base_ms = int(time.time() * 1000) - 3_600_000  # timestamps an hour back: inside retention
         self.snapshots: dict[str, dict[int, list[Content]]] = {}
         """The re-created topic's old incarnation, read before each deletion."""
+        self.phases: dict[str, float] = {}
+        """Wall seconds of the run's steps outside the faults (start-up, catch-up, check)."""
 
     def run(self) -> Report:
         """Start everything, apply the schedule, check, and return the report (never raises on a bad copy)."""
@@ -213,7 +216,8 @@ class ChaosRun:
         )
         self.load.start()
         mark = Sample(time.monotonic(), {})
-        first = self.progress.wait_moved_on(mark, RECOVERY_BUDGET_S * 2)
+        with self._phase("first replication on every partition"):
+            first = self.progress.wait_moved_on(mark, RECOVERY_BUDGET_S * 2)
         if first is None:
             raise AssertionError(
                 f"the flow never replicated every partition ({self.progress.lagging(mark)}, "
@@ -223,6 +227,10 @@ class ChaosRun:
         records: list[FaultRecord] = []
         pending: list[tuple[FaultRecord, Sample]] = []
         for fault in self.schedule:
+            if self.load.errors:
+                # Without load no partition can move on: every later recovery wait would run to its budget.
+                _log.error("chaos: the load generator failed (%s); no more faults", self.load.errors[0])
+                break
             time.sleep(fault.before_s)  # steady load between faults, by design
             record = FaultRecord(fault.to_json(), started_s=round(time.monotonic() - started, 2))
             _log.info(
@@ -234,7 +242,8 @@ class ChaosRun:
                 fault.duration_s,
             )
             try:
-                healed = self._apply(fault, services, record)
+                with record.phase("apply"):
+                    healed = self._apply(fault, services, record)
             except Exception as exc:  # the harness could not apply it: counts against the verdict
                 _log.exception("applying %s failed", fault)
                 record.error = f"{type(exc).__name__}: {exc}"
@@ -244,17 +253,24 @@ class ChaosRun:
             if fault.overlaps_next:
                 continue
             for rec, mark in pending:
-                rec.recovery_s = self.progress.wait_moved_on(mark, RECOVERY_BUDGET_S)
+                with rec.phase("recovery wait"):
+                    rec.recovery_s = self.progress.wait_moved_on(
+                        mark, RECOVERY_BUDGET_S, give_up=lambda: bool(self.load.errors)
+                    )
                 rec.recovered_at_s = round(time.monotonic() - started, 2)
                 if rec.recovery_s is None:
                     rec.error = rec.error or (
-                        f"destination progress did not resume within {RECOVERY_BUDGET_S:g}s: "
+                        f"destination progress did not resume within {RECOVERY_BUDGET_S:g}s (budget ran out): "
                         f"{self.progress.lagging(mark)[:6]}"
                     )
+            with record.phase("settle"):
+                self._settle(fault)
+            for rec, _ in pending:
+                _log.info("chaos fault %d done: %s", int(rec.fault["index"]) + 1, rec.timings())
             pending.clear()
-            self._settle(fault)
         time.sleep(self.profile.tail_s)  # steady load after the last fault
-        self.load.stop()
+        with self._phase("load stop (producers flushed)"):
+            self.load.stop()
         results = self._check()
         self.progress.stop()
         exits = {n: p.starts for n, p in services.procs.items()}
@@ -268,10 +284,11 @@ class ChaosRun:
             records_aborted=self.load.streams["txn"].aborted,
             faults=records,
             topics=results,
-            rates=self.progress.rates(),
+            rates=self.progress.rates(started),
             offered_rate=self.profile.rate_per_s,
             service_starts=exits,
             services_down_at_end=dead,
+            phases=self.phases,
             harness_errors=[f"load generator: {e!r}" for e in self.load.errors],
         )
 
@@ -285,8 +302,10 @@ class ChaosRun:
             if kind is Kind.KILL:
                 proc.kill9()
             else:
-                record.detail = f"exit code {proc.terminate(90)}"
-            proc.start()
+                with record.phase("drained exit"):
+                    record.detail = f"exit code {proc.terminate(90)}"
+            with record.phase("service start"):
+                proc.start()
         elif kind is Kind.PAUSE:
             proc = services.procs[target]
             assert proc.proc is not None
@@ -296,9 +315,11 @@ class ChaosRun:
         elif kind in (Kind.BROKER_KILL, Kind.BROKER_STOP):
             cluster_name, node = target.split("/")
             cluster = self.source if cluster_name == "source" else self.destination
-            (cluster.kill if kind is Kind.BROKER_KILL else cluster.stop_node)(int(node))
+            with record.phase("broker down"):
+                (cluster.kill if kind is Kind.BROKER_KILL else cluster.stop_node)(int(node))
             time.sleep(fault.duration_s)  # the outage itself
-            cluster.restart(int(node), ready_timeout_s=RESTART_BUDGET_S)
+            with record.phase("broker restart"):
+                cluster.restart(int(node), ready_timeout_s=RESTART_BUDGET_S)
         elif kind in (Kind.CUT, Kind.DELAY, Kind.SLOW):
             do: Callable[[str], None] = {
                 Kind.CUT: self.toxiproxy.cut,
@@ -313,7 +334,7 @@ class ChaosRun:
         elif kind is Kind.ADD_PARTITION:
             self._add_partition(target)
         else:
-            self._recreate(target)
+            self._recreate(target, record)
         return self.progress.latest()
 
     def _add_partition(self, role: str) -> None:
@@ -324,26 +345,31 @@ class ChaosRun:
         self.load.add_partitions(role, self.partitions[role])
         self.progress.track(f"src.{topic}", self.partitions[role])
 
-    def _recreate(self, role: str) -> None:
+    def _recreate(self, role: str, record: FaultRecord) -> None:
         """Quiesce the topic, wait until the destination holds all of it, delete it, create it again."""
         topic = self.topics[role]
         self.progress.quiet(f"src.{topic}", True)
-        self.load.pause(role)
-        old = read_all(self.source.bootstrap_servers, topic, timeout_s=120)
+        with record.phase("quiesce: load paused"):
+            self.load.pause(role)
+        with record.phase("quiesce: source read"):
+            old = read_all(self.source.bootstrap_servers, topic, timeout_s=120)
         before = self.snapshots.get(role, {})
         merged = {p: [*before.get(p, []), *[r.content() for r in old.get(p, [])]] for p in set(before) | set(old)}
-        read_all(
-            self.destination.bootstrap_servers,
-            f"src.{topic}",
-            expected=sum(len(v) for v in merged.values()),
-            timeout_s=RECOVERY_BUDGET_S,
-        )
+        with record.phase("quiesce: destination caught up"):
+            read_all(
+                self.destination.bootstrap_servers,
+                f"src.{topic}",
+                expected=sum(len(v) for v in merged.values()),
+                timeout_s=RECOVERY_BUDGET_S,
+            )
         self.snapshots[role] = merged
         admin = AdminClient({"bootstrap.servers": self.source.bootstrap_servers})
-        admin.delete_topics([topic])[topic].result(30)
-        wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 60, 0.2, message=f"{topic} deleted")
+        with record.phase("topic deleted"):
+            admin.delete_topics([topic])[topic].result(30)
+            wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 60, 0.2, message=f"{topic} deleted")
         # KRaft finishes the deletion on every broker asynchronously: creating at once may fail, so retry.
-        wait_until(lambda: _created(self.source.bootstrap_servers, topic, self.partitions[role]), 60, 0.2)
+        with record.phase("topic re-created"):
+            wait_until(lambda: _created(self.source.bootstrap_servers, topic, self.partitions[role]), 60, 0.2)
         self.load.resume(role)
         self.progress.quiet(f"src.{topic}", False)
 
@@ -364,24 +390,35 @@ class ChaosRun:
             old = self.snapshots.get(role, {})
             expected = {p: [*old.get(p, []), *src.get(p, [])] for p in set(old) | set(src)}
             dst_topic = f"src.{topic}"
-            if role != "compacted":
-                try:
-                    read_all(
-                        self.destination.bootstrap_servers,
-                        dst_topic,
-                        expected=sum(len(v) for v in expected.values()),
-                        timeout_s=CATCH_UP_S,
-                    )
-                except AssertionError as exc:
-                    _log.warning("destination did not catch up: %s", exc)
-            else:
-                self._wait_quiet(dst_topic)
+            with self._phase(f"check {role}: destination caught up"):
+                if role != "compacted":
+                    try:
+                        read_all(
+                            self.destination.bootstrap_servers,
+                            dst_topic,
+                            expected=sum(len(v) for v in expected.values()),
+                            timeout_s=CATCH_UP_S,
+                        )
+                    except AssertionError as exc:
+                        _log.warning("destination did not catch up: %s", exc)
+                else:
+                    self._wait_quiet(dst_topic)
             dst = {
                 p: [r.content() for r in rs]
                 for p, rs in read_all(self.destination.bootstrap_servers, dst_topic, timeout_s=120).items()
             }
             results.append(check_topic(role, expected, dst, self.base_ms, compacted=role == "compacted"))
         return results
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Time a step of the run outside any fault into ``phases`` (and log it)."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - began, 2)
+            _log.info("chaos: %s took %.1f s", name, self.phases[name])
 
     def _wait_quiet(self, topic: str) -> None:
         """Wait until a destination topic's committed ends have not moved for 5 s (it caught up)."""

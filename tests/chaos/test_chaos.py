@@ -14,9 +14,9 @@ import pytest
 from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import CI, LONG, Profile
 
-# The "ci" schedule took ~7 min run alone on a loaded machine during development, but over 19 min (unfinished)
-# as the first test of a clean-clone CI run (docs/notes.md, Open questions): until that is understood and the
-# schedule fits CI's budget again, both schedules run with FERRYMAN_NIGHTLY=1 (or `python -m tests.chaos`).
+# The "ci" schedule ran over 19 min inside a CI run because the load generator's transactional producer
+# retried a fatal abort for 300 s and then died: every later recovery wait ran to its 120 s budget (no load,
+# no progress). With that fixed it runs in CI again; the long one stays nightly.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: CI's seed; FERRYMAN_CHAOS_SEED replays another one (a failing nightly's, say).
@@ -27,7 +27,7 @@ LONG_SEED = 20261126
 @pytest.mark.parametrize(
     ("profile", "seed"),
     [
-        pytest.param(CI, CI_SEED, id="ci", marks=pytest.mark.nightly),
+        pytest.param(CI, CI_SEED, id="ci"),
         pytest.param(LONG, LONG_SEED, id="long", marks=pytest.mark.nightly),
     ],
 )

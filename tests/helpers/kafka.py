@@ -250,6 +250,7 @@ def read_all(
     isolation: Isolation = "read_committed",
     timeout_s: float = 60.0,
     expected: int | None = None,
+    client_config: Mapping[str, str] | None = None,
 ) -> dict[int, list[ConsumedRecord]]:
     """Read every partition of topic from its beginning to its current end.
 
@@ -270,6 +271,7 @@ def read_all(
         isolation: ``read_committed`` hides aborted and open transactions.
         timeout_s: budget for the whole call.
         expected: minimum total number of records to wait for.
+        client_config: more consumer settings (a login on an authenticated cluster).
 
     Returns:
         Records per partition, in offset order (every partition of the topic is a key).
@@ -279,7 +281,7 @@ def read_all(
             arrived, within timeout_s (the message gives the counts per partition).
     """
     deadline = time.monotonic() + timeout_s
-    reader = _Reader(bootstrap, topic, isolation)
+    reader = _Reader(bootstrap, topic, isolation, client_config)
     try:
         while True:
             reader.read_to_end(deadline)
@@ -305,11 +307,15 @@ def read_all(
 class _Reader:
     """Reads a topic incrementally: each round continues where the previous one stopped."""
 
-    def __init__(self, bootstrap: str, topic: str, isolation: Isolation) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, isolation: Isolation, client: Mapping[str, str] | None = None
+    ) -> None:
         self.topic = topic
         self.records: dict[int, list[ConsumedRecord]] = {}
+        self._client = dict(client or {})
         self._consumer = Consumer(
             {
+                **self._client,
                 "bootstrap.servers": bootstrap,
                 # Required by the client, never used: partitions are assigned, offsets not committed.
                 "group.id": f"ferryman-test-reader-{uuid.uuid4().hex[:8]}",
@@ -343,6 +349,7 @@ class _Reader:
         if self._probe is None:
             self._probe = Consumer(
                 {
+                    **self._client,
                     "bootstrap.servers": self._bootstrap,
                     "group.id": f"ferryman-test-probe-{uuid.uuid4().hex[:8]}",
                     "isolation.level": "read_uncommitted",

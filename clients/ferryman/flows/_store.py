@@ -29,6 +29,7 @@ from ferryman import topics
 from ferryman.client_config import base_config
 from ferryman.config import ClusterConfig
 from ferryman.errors import FlowStoreBusyError, KafkaOperationError
+from ferryman.kafka_errors import authorization_error
 from ferryman.naming import FLOWS_STORE_TRANSACTIONAL_ID, FLOWS_TOPIC
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, read_compacted
 from ferryman.topics import InternalTopic
@@ -138,6 +139,12 @@ class FlowStore:
                 try:
                     return self._attempt(change)
                 except KafkaException as exc:
+                    # Before the fencing check: librdkafka files a missing transactional-id ACL as fatal.
+                    denied = authorization_error(
+                        exc, operation="write the flow store", resource=FLOWS_STORE_TRANSACTIONAL_ID
+                    )
+                    if denied is not None:
+                        raise denied from exc
                     if not (_fenced(exc) or exc.args[0].retriable() or exc.args[0].txn_requires_abort()):
                         raise KafkaOperationError(f"writing the flow store of cluster {self.alias!r}", exc) from exc
                     _log.info("flow store write %d fenced or interrupted (%s); reading again", attempt + 1, exc)

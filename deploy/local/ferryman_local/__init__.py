@@ -9,6 +9,8 @@ cluster of several nodes whose nodes can be killed and restarted one at a time;
 ``LocalPrometheus.start(dir, jobs)`` runs a Prometheus server scraping Ferryman processes.
 ``Toxiproxy.start(dir)`` runs toxiproxy (built once with ``go install``) to cut, delay or slow links;
 ``MultiNodeCluster.start(..., proxied=True)`` gives brokers a listener advertised at the proxies' ports.
+``LocalCluster.start(name, sasl=SaslPlain({"user": "password"}))`` takes only SASL/PLAIN logins and
+enforces ACLs (KRaft's ``StandardAuthorizer``); ``client_config(user)`` logs a client in.
 ``LocalZipkin.start(dir)`` runs a Zipkin server (Maven Central exec jar) to receive and show traces.
 """
 
@@ -34,6 +36,7 @@ from ferryman_local._multinode import ClusterNode, MultiNodeCluster, replication
 from ferryman_local._ports import reserve_port
 from ferryman_local._process import forget, signal_group, spawn
 from ferryman_local._prometheus import LocalPrometheus
+from ferryman_local._sasl import STANDARD_AUTHORIZER, SaslPlain
 from ferryman_local._toxiproxy import TOXIPROXY_VERSION, Proxy, Toxiproxy, ToxiproxyError, ensure_toxiproxy
 from ferryman_local._zipkin import LocalZipkin, ensure_zipkin_jar
 
@@ -41,6 +44,7 @@ __all__ = [
     "JVM_OPTIONS",
     "KAFKA_VERSION",
     "SINGLE_NODE_PROPERTIES",
+    "STANDARD_AUTHORIZER",
     "TOXIPROXY_VERSION",
     "ClusterNode",
     "ClusterStartError",
@@ -54,6 +58,7 @@ __all__ = [
     "PrometheusStartError",
     "ProxiedListener",
     "Proxy",
+    "SaslPlain",
     "ToolMissingError",
     "Toxiproxy",
     "ToxiproxyError",

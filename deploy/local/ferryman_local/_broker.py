@@ -54,8 +54,9 @@ _PROBE_INTERVAL_S = 0.2
 # A single probe (TCP connect, metadata request) may take this long before it counts as failed.
 _PROBE_TIMEOUT_S = 5.0
 _LOG_TAIL_CHARS = 4000
-# StorageTool is a short-lived JVM (~2 s); this only bounds a wedged one.
-_FORMAT_TIMEOUT_S = 120.0
+# StorageTool is a short-lived JVM (~2 s idle); this only bounds a wedged one. Four of them at once (a chaos
+# run's two clusters) on a 2-core machine shared with other Kafka tests took over 120 s (load average 50+).
+_FORMAT_TIMEOUT_S = 300.0
 
 
 class BrokerProcess:
@@ -277,13 +278,22 @@ def port_open(port: int, timeout_s: float) -> bool:
         return True
 
 
-def brokers_listed(bootstrap: str, cluster_id: str, node_ids: Collection[int], timeout_s: float) -> bool:
+def brokers_listed(
+    bootstrap: str,
+    cluster_id: str,
+    node_ids: Collection[int],
+    timeout_s: float,
+    *,
+    client: Mapping[str, str] | None = None,
+) -> bool:
     """True once the metadata bootstrap returns lists every one of node_ids as a live broker.
+
+    ``client`` (here and in the other probes): more librdkafka settings, a login on an authenticated cluster.
 
     Raises:
         ClusterStartError: bootstrap answers for another cluster (another process holds the port).
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_client_log)
+    admin = AdminClient({"bootstrap.servers": bootstrap, **dict(client or {})}, logger=_client_log)
     metadata = admin.list_topics(timeout=timeout_s)
     if metadata.cluster_id != cluster_id:
         raise ClusterStartError(
@@ -293,10 +303,11 @@ def brokers_listed(bootstrap: str, cluster_id: str, node_ids: Collection[int], t
     return set(node_ids) <= set(metadata.brokers)
 
 
-def transactions_ready(bootstrap: str, timeout_s: float) -> bool:
+def transactions_ready(bootstrap: str, timeout_s: float, *, client: Mapping[str, str] | None = None) -> bool:
     """True once a transactional producer initialises (``__transaction_state`` exists and is loaded)."""
     producer = Producer(
         {
+            **dict(client or {}),
             "bootstrap.servers": bootstrap,
             "transactional.id": f"ferryman-local-warmup-{uuid.uuid4().hex}",
             "logger": _client_log,
@@ -306,9 +317,16 @@ def transactions_ready(bootstrap: str, timeout_s: float) -> bool:
     return True
 
 
-def groups_ready(bootstrap: str, timeout_s: float) -> bool:
+def groups_ready(bootstrap: str, timeout_s: float, *, client: Mapping[str, str] | None = None) -> bool:
     """True once a group coordinator answers an offset fetch (``__consumer_offsets`` exists and is loaded)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ferryman-local-warmup", "logger": _client_log})
+    consumer = Consumer(
+        {
+            **dict(client or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": "ferryman-local-warmup",
+            "logger": _client_log,
+        }
+    )
     try:
         consumer.committed([TopicPartition("ferryman-local-warmup", 0)], timeout=timeout_s)
     finally:

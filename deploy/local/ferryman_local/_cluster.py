@@ -30,6 +30,7 @@ from ferryman_local._broker import (
 from ferryman_local._errors import ClusterStartError, HarnessError
 from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars
 from ferryman_local._ports import reserve_port
+from ferryman_local._sasl import SaslPlain
 
 _log = logging.getLogger("ferryman_local")
 
@@ -131,6 +132,7 @@ def broker_properties(
     data_dir: Path,
     extra: Mapping[str, str] | None = None,
     proxied: ProxiedListener | None = None,
+    sasl: SaslPlain | None = None,
 ) -> dict[str, str]:
     """The ``server.properties`` of a one-node cluster (broker and controller in one process).
 
@@ -140,6 +142,7 @@ def broker_properties(
         data_dir: the broker's ``log.dirs`` (also holds the KRaft metadata log).
         extra: properties that override or add to the defaults.
         proxied: a second client listener advertised at a proxy's address (none by default).
+        sasl: users and ACLs (``SaslPlain``): the listeners take SASL/PLAIN logins instead of anonymous clients.
 
     Returns:
         Property names to values, in file order.
@@ -148,9 +151,12 @@ def broker_properties(
     advertised = f"PLAINTEXT://127.0.0.1:{port}"
     protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
     if proxied is not None:
+        if sasl is not None:
+            raise HarnessError("a cluster with SASL users has no PROXIED listener (not needed so far)")
         listeners += f",PROXIED://127.0.0.1:{proxied.port}"
         advertised += f",PROXIED://127.0.0.1:{proxied.advertised_port}"
         protocols += ",PROXIED:PLAINTEXT"
+    security = {} if sasl is None else sasl.broker_properties(port, controller_port)
     return {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -161,6 +167,7 @@ def broker_properties(
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": protocols,
         "log.dirs": str(data_dir),
+        **security,
         **SINGLE_NODE_PROPERTIES,
         **dict(extra or {}),
     }
@@ -186,9 +193,16 @@ class LocalCluster:
     """
 
     def __init__(
-        self, state: _ClusterState, work_dir: Path, jars: Path, extra_properties: Mapping[str, str] | None
+        self,
+        state: _ClusterState,
+        work_dir: Path,
+        jars: Path,
+        extra_properties: Mapping[str, str] | None,
+        sasl: SaslPlain | None = None,
     ) -> None:
         """Use ``LocalCluster.start``; this only holds the parts together."""
+        self.sasl = sasl
+        """The cluster's users when it takes SASL/PLAIN logins and enforces ACLs (``start(..., sasl=...)``)."""
         self.name = state.name
         self.bootstrap_servers = f"127.0.0.1:{state.port}"
         self.cluster_id = state.cluster_id
@@ -206,6 +220,7 @@ class LocalCluster:
         work_dir: Path | None = None,
         extra_properties: Mapping[str, str] | None = None,
         ready_timeout_s: float = 90.0,
+        sasl: SaslPlain | None = None,
     ) -> LocalCluster:
         """Start a cluster and return once it serves metadata, groups and transactions.
 
@@ -222,6 +237,9 @@ class LocalCluster:
                 ``SINGLE_NODE_PROPERTIES``.
             ready_timeout_s: budget for the JVM start and the readiness probes
                 (jar resolution and storage formatting come before it).
+            sasl: users, for a cluster that takes only SASL/PLAIN logins and enforces ACLs with
+                KRaft's ``StandardAuthorizer`` (``SaslPlain``; clients use ``client_config(user)``).
+                Give it again when starting the same work dir again.
 
         Returns:
             The running cluster.
@@ -246,7 +264,7 @@ class LocalCluster:
             raise ClusterStartError(f"{wd} holds Kafka data but no {_STATE_FILE}; delete it or pick another dir")
         else:
             state = _ClusterState(name, new_cluster_id(), reserve_port(), reserve_port(), KAFKA_VERSION)
-        cluster = cls(state, wd, jars, extra_properties)
+        cluster = cls(state, wd, jars, extra_properties, sasl)
         if temporary:
             discard_data_at_exit(cluster._broker)
         cluster._write_config()
@@ -331,21 +349,40 @@ class LocalCluster:
                 controller_port=self._state.controller_port,
                 data_dir=self.data_dir,
                 extra=self._extra,
+                sasl=self.sasl,
             )
         )
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """The librdkafka settings of a client of this cluster (bootstrap servers and the login of user).
+
+        On a cluster with SASL users, user logs in (default: the super user); on one without, user is None.
+
+        Raises:
+            HarnessError: a user named on a cluster without SASL users, or not one of its users.
+        """
+        if self.sasl is None:
+            if user is not None:
+                raise HarnessError(f"{self.name} has no SASL users (start it with sasl=SaslPlain(...))")
+            return {"bootstrap.servers": self.bootstrap_servers}
+        return {"bootstrap.servers": self.bootstrap_servers, **self.sasl.client_config(user)}
 
     def _wait_ready(self, timeout_s: float) -> None:
         """Wait until the listener, metadata, the transaction and the group coordinator all answer."""
         bootstrap = self.bootstrap_servers
+        login = {} if self.sasl is None else self.sasl.client_config()
         wait_ready(
             self.name,
             [
                 ("client port accepts connections", functools.partial(port_open, self._state.port)),
-                ("metadata lists the broker", functools.partial(brokers_listed, bootstrap, self.cluster_id, [1])),
+                (
+                    "metadata lists the broker",
+                    functools.partial(brokers_listed, bootstrap, self.cluster_id, [1], client=login),
+                ),
                 # The first transaction and the first group create and load __transaction_state and
                 # __consumer_offsets; doing it here keeps that cost (and its flakiness) out of the tests.
-                ("transaction coordinator serves", functools.partial(transactions_ready, bootstrap)),
-                ("group coordinator serves", functools.partial(groups_ready, bootstrap)),
+                ("transaction coordinator serves", functools.partial(transactions_ready, bootstrap, client=login)),
+                ("group coordinator serves", functools.partial(groups_ready, bootstrap, client=login)),
             ],
             [self._broker],
             timeout_s,

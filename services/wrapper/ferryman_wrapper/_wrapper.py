@@ -43,7 +43,14 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
 from ferryman.health import ClusterHealth, wait_until_reachable
-from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, is_transient
+from ferryman.kafka_errors import (
+    FenceWindow,
+    authorization_error,
+    is_authorization_failure,
+    is_fatal_client_error,
+    is_membership_fence,
+    is_transient,
+)
 from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
@@ -134,6 +141,9 @@ class Wrapper:
         )
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
+        # A missing ACL reported by a consumer callback (a fetch or a group refused): a configuration error
+        # raised by the loop (_check_callbacks), never retried as an outage.
+        self._consumer_denied: KafkaError | None = None
         self._fences = FenceWindow()
         self._pause_wanted: tuple[bool, str] = (False, "")
         self._paused = False
@@ -212,6 +222,9 @@ class Wrapper:
             self.target_health.client_error(err, "staging producer")
 
     def _on_consumer_error(self, err: KafkaError) -> None:
+        if is_authorization_failure(err):
+            self._consumer_denied = self._consumer_denied or err
+            return
         # A fatal consumer error comes as code _FATAL, its cause in the text.
         if is_fatal_client_error(err):
             self._consumer_fatal = err
@@ -451,6 +464,15 @@ class Wrapper:
         if failure is not None:
             self._parts.callback_failure = None
             raise failure
+        denied = self._consumer_denied
+        if denied is not None:
+            error = authorization_error(
+                KafkaException(denied),
+                operation=f"read flows[{self._flow.name}].topics with group {self._names.wrapper_group}",
+                resource=", ".join(self._flow.topics),
+            )
+            assert error is not None  # only authorization failures are recorded
+            raise error
         err = self._consumer_fatal
         if err is not None:
             self._consumer_fatal = None
@@ -800,7 +822,7 @@ class Wrapper:
     def _on_consume_error(self, msg: Message, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        if is_fatal_client_error(err):
+        if is_fatal_client_error(err) or is_authorization_failure(err):
             self._on_consumer_error(err)  # acted on by the loop (_check_callbacks)
             return
         key = PartitionKey(str(msg.topic()), msg.partition() or 0)
