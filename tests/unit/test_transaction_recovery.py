@@ -144,6 +144,40 @@ def test_a_fence_of_a_transaction_older_than_its_timeout_is_our_own_and_rebuilds
     assert len(producers.made) == 2
 
 
+def fenced() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+
+
+def test_a_fence_soon_after_replacing_our_own_producer_rebuilds_once_then_a_second_is_a_twin() -> None:
+    # Seen in a chaos run: a producer replaced after "requires epoch bump" fenced its successor.
+    producers = Producers()
+    t = txn(producers)
+    assert not t.fence_may_be_ours(fenced())  # nothing replaced yet: a fence is a twin
+    t.recover(KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True)), "commit")
+    t.begin()
+    assert t.fence_may_be_ours(fenced())
+    t.recover(fenced(), "commit (revoke)")
+    assert len(producers.made) == 3 and t.stats.producer_rebuilds == 2
+    t.begin()
+    assert not t.fence_may_be_ours(fenced())  # forgiven once per replacement
+    with pytest.raises(FencedError, match="two live processes"):
+        t.recover(fenced(), "commit")
+    assert len(producers.made) == 3
+
+
+def test_a_fence_long_after_the_last_replacement_is_a_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    t.recover(KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True)), "commit")
+    t.begin()
+    later = time.monotonic() + 2.0
+    monkeypatch.setattr("ferryman_deduper._transaction.time.monotonic", lambda: later)
+    assert not t.fence_may_be_ours(fenced())
+    t.started = later
+    with pytest.raises(FencedError):
+        t.recover(fenced(), "commit")
+
+
 def test_a_wedged_call_rebuilds_without_touching_the_abandoned_producer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_transaction, "CALL_TIMEOUT_S", 0.1)
     monkeypatch.setattr(_transaction, "GRACE_S", 0.1)

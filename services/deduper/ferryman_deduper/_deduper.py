@@ -453,7 +453,7 @@ class Deduper:
             except FencedError:
                 raise
             except (KafkaException, FerrymanError) as exc:
-                if not is_transient(exc):
+                if not is_transient(exc) and not self._txn.fence_may_be_ours(exc):
                     raise
                 self._fail(exc, "writing the transaction")
             self.health.tick()
@@ -598,7 +598,7 @@ class Deduper:
         except FencedError:
             raise
         except (KafkaException, FerrymanError) as exc:
-            if not is_transient(exc):
+            if not is_transient(exc) and not self._txn.fence_may_be_ours(exc):
                 raise
             self._recovery = (exc, f"commit ({reason})")
             self._health_dirty = True

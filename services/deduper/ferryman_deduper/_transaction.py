@@ -14,7 +14,12 @@ Recovery by class (``ferryman.kafka_errors``):
 * abortable: ``abort_transaction``; if that fails, rebuild;
 * fatal, retriable past its budget (outcome unknown), wedged: rebuild;
 * fenced by a live twin (our transaction is younger than
-  ``transaction.timeout.ms``): ``FencedError``, the process exits with 3.
+  ``transaction.timeout.ms``): ``FencedError``, the process exits with 3;
+* fenced within ``transaction.timeout.ms`` of replacing our own producer: most
+  likely that producer's late epoch bump (an abandoned or replaced producer is
+  not destroyed at once, and librdkafka bumps the epoch of a transaction that
+  failed with "requires epoch bump"), so rebuild once; a second fence without a
+  replacement in between is a twin.
 
 The caller rewinds its consumer to the last commit after any recovery.
 """
@@ -110,6 +115,8 @@ class Transaction:
         self.flush_times = RecentDurations()
         #: Set while a rebuild is due and not yet done (a failed init_transactions is retried by recover()).
         self._rebuild_due = False
+        #: When a producer of ours was last replaced (monotonic), until a fence is forgiven for it.
+        self._replaced_at: float | None = None
 
     # ------------------------------------------------------------- producer
     def start(self) -> None:
@@ -152,8 +159,18 @@ class Transaction:
                 raise FencedError(f"{self.transactional_id}: {exc}") from exc
             raise
 
-    def rebuild(self) -> None:
+    def fence_may_be_ours(self, exc: BaseException) -> bool:
+        """Whether exc, a fence, may come from a producer of ours replaced less than transaction.timeout.ms ago.
+
+        Such a fence goes to `recover`, which forgives one per replacement.
+        """
+        at = self._replaced_at
+        recent = at is not None and (time.monotonic() - at) * 1000 < self._dc.transaction_timeout_ms
+        return recent and isinstance(exc, (KafkaException, KafkaOperationError))
+
+    def rebuild(self, *, after_own_fence: bool = False) -> None:
         """Replace the producer; init_transactions resolves whatever the old one left open."""
+        self._replaced_at = None if after_own_fence else time.monotonic()
         self.stats.producer_rebuilds += 1
         self._rebuild_due = True
         _log.warning("rebuilding the destination producer (%s)", self.transactional_id)
@@ -287,6 +304,15 @@ class Transaction:
             self.rebuild()
             return
         cls = self._class_of(exc)
+        own_fence = False
+        if cls is ErrorClass.FENCED and self.fence_may_be_ours(exc):
+            _log.warning(
+                "%s: fenced %.1f s after this deduper replaced its own producer: most likely that producer's late "
+                "epoch bump, not a twin; rebuilding (another fence before the next replacement stops the deduper)",
+                what,
+                time.monotonic() - (self._replaced_at or 0.0),
+            )
+            cls, own_fence = ErrorClass.FATAL, True
         if cls is ErrorClass.FENCED:
             age_ms = (time.monotonic() - self.started) * 1000
             if not self.open or age_ms < self._dc.transaction_timeout_ms:
@@ -307,7 +333,7 @@ class Transaction:
                 cls = ErrorClass.FATAL
         self.clear()
         if cls is not ErrorClass.ABORTABLE or not self.exactly_once:
-            self.rebuild()
+            self.rebuild(after_own_fence=own_fence)
 
     def _class_of(self, exc: BaseException) -> ErrorClass:
         if isinstance(exc, WedgedCallError):
