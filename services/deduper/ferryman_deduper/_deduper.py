@@ -302,7 +302,7 @@ class Deduper:
             tracer_provider=self._tracing.provider if self._tracing is not None else None,
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
-            exporter = deduper_metrics(self._dc.metrics_address, self.status)
+            exporter = deduper_metrics(self._dc.metrics_address, self.status, self._txn.latency.snapshot)
             with exporter:
                 self._run_kafka()
 
