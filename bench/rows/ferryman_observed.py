@@ -6,6 +6,9 @@ The same pair as row ``ferryman`` (which runs with metrics on and tracing off), 
 * ``ferryman-trace1``: metrics on, 1 % of records traced (the default sampler's ratio);
 * ``ferryman-trace100``: metrics on, every record traced.
 
+Each runs a flow of its own (``variant``): rows of one round that shared the flow would share its staging
+topic, consumer groups and destination topics, and the second would find the copy already done.
+
 Spans go to a file in the row's work directory (the ``file`` exporter: a real export
 pipeline without a backend to run beside the bench). The bench's records carry no
 headers, so every traced record starts a trace of its own at the wrapper.
@@ -22,6 +25,7 @@ class FerrymanBareRow(FerrymanRow):
     """Metrics off, tracing off."""
 
     name = "ferryman-bare"
+    variant = "-bare"
 
     def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
         config = super()._config(deduper_addresses)
@@ -34,6 +38,7 @@ class FerrymanTracedRow(FerrymanRow):
     """Metrics on, a share of records traced (``ratio``)."""
 
     name = "ferryman-trace1"
+    variant = "-trace1"
     ratio = 0.01
 
     def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
@@ -56,4 +61,5 @@ class FerrymanTracedAllRow(FerrymanTracedRow):
     """Metrics on, every record traced."""
 
     name = "ferryman-trace100"
+    variant = "-trace100"
     ratio = 1.0
