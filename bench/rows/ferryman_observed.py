@@ -3,7 +3,7 @@
 The same pair as row ``ferryman`` (which runs with metrics on and tracing off), with:
 
 * ``ferryman-bare``: metrics endpoints off, tracing off: the baseline;
-* ``ferryman-trace1``: metrics on, 1 % of records traced (the default sampler's ratio);
+* ``ferryman-trace1``: metrics on, 1 % of records traced (issue 26's goal; the default ratio is 0.01 %);
 * ``ferryman-trace100``: metrics on, every record traced.
 
 Each runs a flow of its own (``variant``): rows of one round that shared the flow would share its staging

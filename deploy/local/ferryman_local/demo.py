@@ -54,7 +54,8 @@ _AUDIT_TIMEOUT_S = 300.0
 #: Ferryman's alert rules, when running from a checkout (the installed package does not carry deploy/).
 _ALERT_RULES = Path(__file__).resolve().parents[2] / "prometheus" / "ferryman-alerts.yml"
 #: Queries printed with --observe, as links to Prometheus's graph page.
-#: Share of the records traced with --observe: the sampler's default ratio, ~600 traces of the default 60 k records.
+#: Share of the records traced with --observe: ~600 traces of the default 60 k records (100x the services' default
+#: ratio, which is set for the CPU of a busy flow; here there is plenty to look at).
 TRACE_RATIO = 0.01
 #: The header a traced record's copy carries (README "Operations: tracing").
 _TRACEPARENT = "traceparent"
