@@ -72,7 +72,15 @@ from bench.preload import PreloadResult, preload
 from bench.provenance import CodeVersion, code_version
 from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
-from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
+from bench.report import (
+    footnotes,
+    latency_table,
+    observability_table,
+    print_tables,
+    rounds_table,
+    throughput_table,
+    write_json,
+)
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.topics import create_topics
@@ -833,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             (tp_title, *throughput_table(results)),
             (rounds_title, *rounds_table(results)),
+            ("Cost of metrics and tracing: against ferryman-bare, round by round", *observability_table(results)),
             (lat_title, *latency_table(results, floor)),
         ]
     )
