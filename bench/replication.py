@@ -4,8 +4,9 @@
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
-The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-trace1,ferryman-trace100`` (metrics and
-tracing off; metrics on; metrics on and 1 % / 100 % of records traced; see ``bench/rows/ferryman_observed.py``).
+The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-tracedefault,ferryman-trace1,ferryman-trace100``
+(metrics and tracing off; metrics on; metrics on and records traced at the default ratio / 1 % / 100 %; see
+``bench/rows/ferryman_observed.py``); a table compares them with ``ferryman-bare`` round by round.
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads one source topic, warms both brokers

@@ -177,7 +177,7 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
 
 #: The baseline of the observability rows (metrics and tracing off), and the rows compared with it.
 OBSERVABILITY_BASELINE = "ferryman-bare"
-OBSERVED_ROWS = ("ferryman", "ferryman-trace1", "ferryman-trace100")
+OBSERVED_ROWS = ("ferryman", "ferryman-tracedefault", "ferryman-trace1", "ferryman-trace100")
 
 
 def observability_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:

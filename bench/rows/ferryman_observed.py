@@ -3,6 +3,7 @@
 The same pair as row ``ferryman`` (which runs with metrics on and tracing off), with:
 
 * ``ferryman-bare``: metrics endpoints off, tracing off: the baseline;
+* ``ferryman-tracedefault``: metrics on, records traced at the default ``tracing.sampler_ratio``;
 * ``ferryman-trace1``: metrics on, 1 % of records traced (issue 26's goal; the default ratio is 0.01 %);
 * ``ferryman-trace100``: metrics on, every record traced.
 
@@ -17,6 +18,8 @@ headers, so every traced record starts a trace of its own at the wrapper.
 from __future__ import annotations
 
 from typing import Any
+
+from ferryman.config import TracingConfig
 
 from bench.rows.ferryman import FerrymanRow
 
@@ -55,6 +58,14 @@ class FerrymanTracedRow(FerrymanRow):
     def settings(self) -> dict[str, object]:
         """The pair's settings and the tracing ratio."""
         return {**super().settings(), "tracing_ratio": self.ratio, "tracing_exporter": "file"}
+
+
+class FerrymanTracedDefaultRow(FerrymanTracedRow):
+    """Metrics on, records traced at the services' default ratio."""
+
+    name = "ferryman-tracedefault"
+    variant = "-tracedefault"
+    ratio = TracingConfig().sampler_ratio
 
 
 class FerrymanTracedAllRow(FerrymanTracedRow):
