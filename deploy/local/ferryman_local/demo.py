@@ -164,11 +164,12 @@ def run(work_dir: Path, records: int, rate: float, *, observe: bool = False) -> 
         if zipkin_start is not None:
             _say("starting a Zipkin server (first run downloads its jar from Maven Central)")
         _say("starting two local Apache Kafka clusters (first run downloads the broker jars from Maven Central)")
-        clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
+        clusters: list[LocalCluster] = []
         services: list[_Service] = []
         prometheus: LocalPrometheus | None = None
         zipkin: LocalZipkin | None = None
         try:
+            clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
             zipkin = zipkin_start.result() if zipkin_start is not None else None
             if zipkin is not None:
                 _say(f"Zipkin: {zipkin.url}/zipkin/ ({TRACE_RATIO:.0%} of the records traced)")
@@ -194,8 +195,9 @@ def run(work_dir: Path, records: int, rate: float, *, observe: bool = False) -> 
                 s.stop()
             if prometheus is not None:
                 prometheus.stop()
-            if zipkin_start is not None and zipkin_start.done() and zipkin_start.exception() is None:
-                zipkin_start.result().stop()
+            if zipkin_start is not None:
+                with contextlib.suppress(Exception):  # a failed start has nothing to stop
+                    zipkin_start.result().stop()  # a start still in progress is waited for, then stopped
             for c in clusters:
                 c.stop()
 
