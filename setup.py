@@ -12,5 +12,6 @@ setup(
     ext_modules=[
         Extension("ferryman._batchcodec", ["clients/ferryman/_batchcodec.pyx"], optional=True),
         Extension("ferryman._rdproduce", ["clients/ferryman/_rdproduce.pyx"], optional=True),
+        Extension("ferryman.metrics._latencycount", ["clients/ferryman/metrics/_latencycount.pyx"], optional=True),
     ]
 )

@@ -5,8 +5,9 @@
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
-The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-trace1,ferryman-trace100`` (metrics and
-tracing off; metrics on; metrics on and 1 % / 100 % of records traced; see ``bench/rows/ferryman_observed.py``).
+The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-tracedefault,ferryman-trace1,ferryman-trace100``
+(metrics and tracing off; metrics on; metrics on and records traced at the default ratio / 1 % / 100 %; see
+``bench/rows/ferryman_observed.py``); a table compares them with ``ferryman-bare`` round by round.
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads one source topic, warms both brokers
@@ -73,7 +74,15 @@ from bench.preload import PreloadResult, preload
 from bench.provenance import CodeVersion, code_version
 from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
-from bench.report import footnotes, latency_table, print_tables, rounds_table, throughput_table, write_json
+from bench.report import (
+    footnotes,
+    latency_table,
+    observability_table,
+    print_tables,
+    rounds_table,
+    throughput_table,
+    write_json,
+)
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.topics import create_topics
@@ -860,6 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             (tp_title, *throughput_table(results)),
             (rounds_title, *rounds_table(results)),
+            ("Cost of metrics and tracing: against ferryman-bare, round by round", *observability_table(results)),
             (lat_title, *latency_table(results, floor)),
         ]
     )

@@ -175,6 +175,41 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
     return header, cells
 
 
+#: The baseline of the observability rows (metrics and tracing off), and the rows compared with it.
+OBSERVABILITY_BASELINE = "ferryman-bare"
+OBSERVED_ROWS = ("ferryman", "ferryman-tracedefault", "ferryman-trace1", "ferryman-trace100")
+
+
+def observability_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
+    """What metrics and tracing cost: each observed row's rate and CPU s/M against ``ferryman-bare``'s.
+
+    Round by round (round k against the baseline's round k), with the medians; issue 26's goal is
+    ``ferryman-trace1`` (metrics on, 1 % traced) within 5 % of the baseline in both. No cells unless the
+    baseline and an observed row ran.
+    """
+    bare = _ok(results, OBSERVABILITY_BASELINE)
+    observed = [r for r in results if r.row in OBSERVED_ROWS]
+    if bare is None or not observed:
+        return [], []
+    header = ["row", "result", "rec/s vs bare by round", "median", "CPU s/M vs bare by round", "median"]
+    cells: list[list[str]] = []
+    for r in observed:
+        ok = r.status == "ok"
+        rate = _paired([t.steady_rps for t in r.rounds], [t.steady_rps for t in bare.rounds]) if ok else None
+        cpu = _paired([t.cpu_s_per_m for t in r.rounds], [t.cpu_s_per_m for t in bare.rounds]) if ok else None
+        cells.append(
+            [
+                r.row,
+                r.status,
+                _per_round(rate, ".2f") if rate else "-",
+                _median_ratio(rate),
+                _per_round(cpu, ".2f") if cpu else "-",
+                _median_ratio(cpu),
+            ]
+        )
+    return header, cells
+
+
 #: Name of the latency table's line measured with nothing replicating.
 FLOOR_ROW = "(no replicator)"
 #: A latency phase that kept the machine this busy (share of its cores) measured queueing for CPU.

@@ -3,7 +3,12 @@
 from bench.rows.base import Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.rows.copyloop import CopyLoopRow
 from bench.rows.ferryman import FerrymanRow
-from bench.rows.ferryman_observed import FerrymanBareRow, FerrymanTracedAllRow, FerrymanTracedRow
+from bench.rows.ferryman_observed import (
+    FerrymanBareRow,
+    FerrymanTracedAllRow,
+    FerrymanTracedDefaultRow,
+    FerrymanTracedRow,
+)
 from bench.rows.mirrormaker import MirrorMakerEosRow, MirrorMakerRow
 
 #: Row classes by name, in the default order of a run.
@@ -15,6 +20,7 @@ ROWS: dict[str, type[Row]] = {
         MirrorMakerRow,
         MirrorMakerEosRow,
         FerrymanBareRow,
+        FerrymanTracedDefaultRow,
         FerrymanTracedRow,
         FerrymanTracedAllRow,
     )

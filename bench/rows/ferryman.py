@@ -25,6 +25,9 @@ class FerrymanRow(Row):
 
     name = "ferryman"
     exactly_once = True
+    #: Keeps a variant's flow (staging topic, groups, state) and destination topics apart from the other
+    #: Ferryman rows of the same round ("" for this row: its names as they always were).
+    variant = ""
 
     def __init__(self, ctx: RowContext) -> None:
         super().__init__(ctx)
@@ -32,8 +35,11 @@ class FerrymanRow(Row):
 
     @property
     def alias(self) -> str:
-        """Destination topics are ``source.<topic>`` (prefix policy; ``source-rN.<topic>`` in round N)."""
-        return _SOURCE_ALIAS + self.ctx.round_tag
+        """Destination topics are ``source.<topic>`` (prefix policy; ``source-rN.<topic>`` in round N).
+
+        A variant's are ``source-<variant>.<topic>``.
+        """
+        return _SOURCE_ALIAS + self.variant + self.ctx.round_tag
 
     def check(self) -> None:
         """The console scripts must be installed."""
@@ -48,7 +54,7 @@ class FerrymanRow(Row):
         if opts.ferryman_txn_ms is not None:
             deduper["transaction_interval_ms"] = opts.ferryman_txn_ms
         flow: dict[str, Any] = {
-            "name": f"bench-{self.ctx.run_id}",
+            "name": f"bench-{self.ctx.run_id}{self.variant}",
             "source": self.alias,
             "target": "destination",
             "topics": ["^(" + "|".join(re.escape(t) for t in self.ctx.topics) + ")$"],

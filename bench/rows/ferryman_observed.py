@@ -3,8 +3,12 @@
 The same pair as row ``ferryman`` (which runs with metrics on and tracing off), with:
 
 * ``ferryman-bare``: metrics endpoints off, tracing off: the baseline;
-* ``ferryman-trace1``: metrics on, 1 % of records traced (the default sampler's ratio);
+* ``ferryman-tracedefault``: metrics on, records traced at the default ``tracing.sampler_ratio``;
+* ``ferryman-trace1``: metrics on, 1 % of records traced (issue 26's goal; the default ratio is 0.01 %);
 * ``ferryman-trace100``: metrics on, every record traced.
+
+Each runs a flow of its own (``variant``): rows of one round that shared the flow would share its staging
+topic, consumer groups and destination topics, and the second would find the copy already done.
 
 Spans go to a file in the row's work directory (the ``file`` exporter: a real export
 pipeline without a backend to run beside the bench). The bench's records carry no
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferryman.config import TracingConfig
+
 from bench.rows.ferryman import FerrymanRow
 
 
@@ -22,6 +28,7 @@ class FerrymanBareRow(FerrymanRow):
     """Metrics off, tracing off."""
 
     name = "ferryman-bare"
+    variant = "-bare"
 
     def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
         config = super()._config(deduper_addresses)
@@ -34,6 +41,7 @@ class FerrymanTracedRow(FerrymanRow):
     """Metrics on, a share of records traced (``ratio``)."""
 
     name = "ferryman-trace1"
+    variant = "-trace1"
     ratio = 0.01
 
     def _config(self, deduper_addresses: list[str]) -> dict[str, Any]:
@@ -52,8 +60,17 @@ class FerrymanTracedRow(FerrymanRow):
         return {**super().settings(), "tracing_ratio": self.ratio, "tracing_exporter": "file"}
 
 
+class FerrymanTracedDefaultRow(FerrymanTracedRow):
+    """Metrics on, records traced at the services' default ratio."""
+
+    name = "ferryman-tracedefault"
+    variant = "-tracedefault"
+    ratio = TracingConfig().sampler_ratio
+
+
 class FerrymanTracedAllRow(FerrymanTracedRow):
     """Metrics on, every record traced."""
 
     name = "ferryman-trace100"
+    variant = "-trace100"
     ratio = 1.0

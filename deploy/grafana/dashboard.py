@@ -35,6 +35,8 @@ _FLOW = 'flow=~"$flow"'
 #: Process metrics have no flow label: every Ferryman process that Prometheus scrapes.
 _JOBS = 'job=~"ferryman-.*"'
 _RATE = "[$__rate_interval]"
+#: The end-to-end latency histogram's buckets per flow, for histogram_quantile.
+_LATENCY_BUCKETS = f"sum by (flow, le) (rate(ferryman_deduper_end_to_end_latency_seconds_bucket{{{_FLOW}}}{_RATE}))"
 
 
 def _query(expr: str, legend: str = "", ref: str = "A") -> Dataquery:
@@ -84,6 +86,15 @@ def _overview() -> list[Stat]:
             "s",
             "Age of the oldest source record not yet committed at the destination, worst partition.",
             _query(f"max(ferryman_deduper_lag_seconds{{{_FLOW}}})"),
+        ),
+        _stat(
+            "p99 latency",
+            "s",
+            "99th percentile of the end-to-end latency (source timestamp to destination commit), all selected flows.",
+            _query(
+                "histogram_quantile(0.99, sum by (le) "
+                f"(rate(ferryman_deduper_end_to_end_latency_seconds_bucket{{{_FLOW}}}{_RATE})))"
+            ),
         ),
         _stat(
             "Dedupers not serving",
@@ -152,6 +163,15 @@ def _lag() -> list[Timeseries]:
             "s",
             "Age of the oldest source record not yet committed, per partition (resolution: the scrape interval).",
             _query(f"ferryman_deduper_lag_seconds{{{_FLOW}}}", "{{topic}}-{{partition}}"),
+        ),
+        _timeseries(
+            "End-to-end latency",
+            "s",
+            "Per committed record, source timestamp to destination commit (LogAppendTime topics: the source "
+            "append; CreateTime: the producer's timestamp, so its delay and clock skew count): p50 and p99 over "
+            "the interval, by flow.",
+            _query(f"histogram_quantile(0.5, {_LATENCY_BUCKETS})", "p50 {{flow}}"),
+            _query(f"histogram_quantile(0.99, {_LATENCY_BUCKETS})", "p99 {{flow}}", "B"),
         ),
         _timeseries(
             "Lag (records), staging",
@@ -287,7 +307,7 @@ def build() -> dict[str, Any]:
     for title, panels in (
         ("Overview", _overview()),
         ("Throughput and duplicates", _throughput()),
-        ("Lag", _lag()),
+        ("Lag and latency", _lag()),
         ("Transactions", _transactions()),
         ("Health", _health()),
         ("Processes", _process()),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 from ferryman import envelope
+from ferryman.metrics._latency import DEFAULT_BOUNDS_S
 from ferryman_local import LocalPrometheus, reserve_port
 
 from tests.helpers.grpc_clients import local, start_linked_pair
@@ -41,6 +43,22 @@ def _settles_at(prom: LocalPrometheus, expr: str, expected: float) -> None:
         raise AssertionError(f"{expr}: Prometheus says {last[0]}, expected {expected}") from exc
 
 
+def _latency_is_sane(prom: LocalPrometheus, committed: int, produced_from: float) -> None:
+    """One latency observation per committed record, each no older than the test's first record."""
+    name = "ferryman_deduper_end_to_end_latency_seconds"
+    _settles_at(prom, f"{name}_count", committed)
+    mean = prom.value(f"{name}_sum / {name}_count")
+    p50 = prom.value(f"histogram_quantile(0.5, sum by (le) ({name}_bucket))")
+    p99 = prom.value(f"histogram_quantile(0.99, sum by (le) ({name}_bucket))")
+    assert mean is not None and p50 is not None and p99 is not None
+    # Timestamps are CreateTime from this host's producer, commits this host's clock: no skew.
+    oldest = time.time() - produced_from
+    assert 0 < mean <= oldest, (mean, oldest)
+    assert 0 < p50 <= p99, (p50, p99)
+    # histogram_quantile interpolates inside the bucket that holds the p99: at most that bucket's bound.
+    assert p99 <= min(b for b in (*DEFAULT_BOUNDS_S, float("inf")) if b >= oldest), (p99, oldest)
+
+
 def _per_partition(prom: LocalPrometheus, expr: str) -> dict[int, float]:
     return {int(r["metric"]["partition"]): float(r["value"][1]) for r in prom.query(expr)}
 
@@ -55,6 +73,7 @@ def test_prometheus_counts_what_was_replicated_and_a_planted_duplicate_once(
     flow = unique_name("flow")
     dst_topic = f"src.{topic}"
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    produced_from = time.time()
     expected = produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, PER_PARTITION)
     wport, dport = reserve_port(), reserve_port()
     pair = start_linked_pair(
@@ -76,6 +95,7 @@ def test_prometheus_counts_what_was_replicated_and_a_planted_duplicate_once(
 
             # What a separate consumer sees is what the deduper says it wrote, as Prometheus scraped it.
             _settles_at(prom, "ferryman_deduper_records_written_total", total)
+            _latency_is_sane(prom, total, produced_from)
             all_up = {job: ["up"] for job in jobs}
             wait_until(lambda: prom.target_health() == all_up, SEEN_TIMEOUT_S, message="both targets up")
             assert prom.value("ferryman_deduper_serving") == 1
@@ -129,5 +149,7 @@ def test_prometheus_counts_what_was_replicated_and_a_planted_duplicate_once(
             _settles_at(prom, "ferryman_deduper_records_written_total", total + 10)
             # Counted once, as the records it carried, and not written: the consumer saw no extra copy above.
             assert prom.value("ferryman_deduper_duplicates_dropped_total") == baseline + planted
+            # The duplicate's records were not committed again: they are not in the latency histogram either.
+            _latency_is_sane(prom, total + 10, produced_from)
     finally:
         pair.stop()

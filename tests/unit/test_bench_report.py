@@ -15,7 +15,7 @@ from bench import replication
 from bench.latency import LatencyResult, percentile
 from bench.machine import ReclaimScheme
 from bench.measure import Usage
-from bench.report import FLOOR_ROW, footnotes, latency_table, rounds_table, write_json
+from bench.report import FLOOR_ROW, footnotes, latency_table, observability_table, rounds_table, write_json
 from bench.results import RowResult, Throughput
 
 
@@ -184,6 +184,24 @@ def test_a_row_that_failed_a_round_gets_no_ratio() -> None:
     assert cells[0][2] == "500,000 / 300,000"  # the figures stay visible
     assert cells[0][5:9] == ["-", "-", "-", "-"]
     assert cells[0][11:] == ["-", "-"]
+
+
+def test_metrics_and_tracing_are_compared_with_the_bare_row_round_by_round() -> None:
+    rows = [
+        _rounds("ferryman-bare", (500_000, 2.5), (400_000, 2.0)),
+        _rounds("ferryman", (490_000, 2.5), (400_000, 2.1)),
+        _rounds("ferryman-trace1", (250_000, 5.0), (400_000, 2.2)),
+        _rounds("ferryman-trace100", (5_000, 250.0), (4_000, 200.0)),
+        _rounds("copyloop", (400_000, 2.0), (600_000, 2.0)),
+    ]
+    rows[3].fail("round 1: only 52,030 of 200,000 records visible")
+    header, cells = observability_table(rows)
+    assert header[2] == "rec/s vs bare by round"
+    assert [c[0] for c in cells] == ["ferryman", "ferryman-trace1", "ferryman-trace100"]
+    assert cells[0][2:] == ["0.98 / 1.00", "0.99x", "1.00 / 1.05", "1.02x"]
+    assert cells[1][2:] == ["0.50 / 1.00", "0.75x", "2.00 / 1.10", "1.55x"]
+    assert cells[2][1:] == ["FAILED", "-", "-", "-", "-"]  # a failed row gets no ratio
+    assert observability_table(rows[1:]) == ([], [])  # without the baseline, no table
 
 
 def test_one_round_prints_no_rounds_table_and_the_json_keeps_every_round(tmp_path: Path) -> None:

@@ -7,6 +7,16 @@ not import ``prometheus_client``: the exporter's thread does (see ``_server``).
 """
 
 from ferryman.metrics._exporters import deduper_metrics, wrapper_metrics
+from ferryman.metrics._latency import LATENCY_COUNT, LatencyHistogram, LatencySnapshot
 from ferryman.metrics._server import MetricsBindError, MetricsExporter, split_address
 
-__all__ = ["MetricsBindError", "MetricsExporter", "deduper_metrics", "split_address", "wrapper_metrics"]
+__all__ = [
+    "LATENCY_COUNT",
+    "LatencyHistogram",
+    "LatencySnapshot",
+    "MetricsBindError",
+    "MetricsExporter",
+    "deduper_metrics",
+    "split_address",
+    "wrapper_metrics",
+]

@@ -20,14 +20,22 @@ from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ferryman.metrics._lag import LagClock
+from ferryman.metrics._latency import LatencyHistogram, LatencySnapshot
 from ferryman.v1 import control_pb2
 
 DeduperStatus = Callable[[], control_pb2.GetDeduperStatusResponse]
 WrapperStatus = Callable[[], control_pb2.GetWrapperStatusResponse]
+Latency = Callable[[], LatencySnapshot]
 
 _PARTITION_LABELS = ("flow", "topic", "partition")
 
@@ -109,11 +117,34 @@ def _audit_families(flow: str, verdicts: Sequence[control_pb2.AuditVerdict]) -> 
     return [violated, finished]
 
 
+def _latency_family(flow: str, snap: LatencySnapshot) -> Metric:
+    """The end-to-end latency histogram (``ferryman.metrics._latency`` says exactly what it measures)."""
+    family = HistogramMetricFamily(
+        "ferryman_deduper_end_to_end_latency_seconds",
+        "Per committed record: the destination commit time (the deduper's clock) minus the record's source "
+        "timestamp (the source broker's append time for LogAppendTime topics, the producer's for CreateTime); "
+        "counted when its transaction commits.",
+        labels=["flow"],
+    )
+    buckets = [(str(float(b)), float(c)) for b, c in zip(snap.bounds_s, snap.cumulative, strict=False)]
+    buckets.append(("+Inf", float(snap.count)))
+    family.add_metric([flow], buckets, snap.sum_s)
+    return family
+
+
 class DeduperCollector(Collector):
     """The deduper's metrics (``ferryman_deduper_*``), read from ``Deduper.status()`` at each scrape."""
 
-    def __init__(self, status: DeduperStatus, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        status: DeduperStatus,
+        *,
+        latency: Latency | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Collect from status and latency (the end-to-end histogram; default an empty one)."""
         self._status = status
+        self._latency = latency or LatencyHistogram().snapshot
         self._clock = clock
         self._lag = _PartitionLag("ferryman_deduper", "committed at the destination")
         self._version = _version()
@@ -171,6 +202,7 @@ class DeduperCollector(Collector):
         transactions.add_metric([flow, "aborted"], st.transactions_aborted)
         yield transactions
         yield self._commit_summary(flow, st)
+        yield _latency_family(flow, self._latency())
         yield _counter(
             "ferryman_deduper_commit_flush_seconds",
             "Of the commits' wall time, the part spent flushing destination records before the commit.",

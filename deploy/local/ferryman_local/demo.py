@@ -11,13 +11,20 @@
 
 With ``--observe`` a local Prometheus server (Debian's ``prometheus``) scrapes
 both services from the start, with Ferryman's alert rules when the checkout
-has them, and its URL is printed; on a terminal it stays up after the verdict
-until Enter or Ctrl-C, to look at the run (restarts, duplicates dropped, lag).
+has them, and a local Zipkin server (``LocalZipkin``) receives the spans of
+both services, which trace ``TRACE_RATIO`` of the records; both URLs are
+printed, with a link to one record's trace. The demo's own check then leaves
+``traceparent`` headers out on both sides (a traced record's copy carries the
+deduper's), so every other byte of every record is still compared. On a
+terminal both stay up after the verdict until Enter or Ctrl-C, to look at the
+run (restarts, duplicates dropped, lag, traces). Without ``--observe`` tracing
+is off and the check is byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import importlib.util
 import json
@@ -31,13 +38,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ferryman_local import reserve_port
 from ferryman_local._cluster import LocalCluster, start_clusters
 from ferryman_local._prometheus import LocalPrometheus
-from ferryman_local.verify import compare, read_topic
+from ferryman_local._zipkin import LocalZipkin
+from ferryman_local.verify import compare, read_topic, without_header
 
 _BIN = Path(sys.executable).parent
 PARTITIONS = 4
@@ -46,6 +54,11 @@ _AUDIT_TIMEOUT_S = 300.0
 #: Ferryman's alert rules, when running from a checkout (the installed package does not carry deploy/).
 _ALERT_RULES = Path(__file__).resolve().parents[2] / "prometheus" / "ferryman-alerts.yml"
 #: Queries printed with --observe, as links to Prometheus's graph page.
+#: Share of the records traced with --observe: ~600 traces of the default 60 k records (100x the services' default
+#: ratio, which is set for the CPU of a busy flow; here there is plenty to look at).
+TRACE_RATIO = 0.01
+#: The header a traced record's copy carries (README "Operations: tracing").
+_TRACEPARENT = "traceparent"
 _OBSERVE_QUERIES = (
     "rate(ferryman_deduper_records_written_total[10s])",
     "ferryman_deduper_duplicates_dropped_total",
@@ -130,53 +143,89 @@ def _observe(work_dir: Path, wrapper_metrics: str, deduper_metrics: str) -> Loca
     return prometheus
 
 
-def _linger(prometheus: LocalPrometheus) -> None:
-    """On a terminal, keep Prometheus up until Enter or Ctrl-C, so that the run can be looked at."""
+def _linger(prometheus: LocalPrometheus, zipkin: LocalZipkin | None) -> None:
+    """On a terminal, keep Prometheus and Zipkin up until Enter or Ctrl-C, so that the run can be looked at."""
     if not sys.stdin.isatty():
         return
-    _say(f"Prometheus keeps the run's figures at {prometheus.url}; press Enter (or Ctrl-C) to stop it")
+    traces = f", Zipkin its traces at {zipkin.url}/zipkin/" if zipkin is not None else ""
+    _say(f"Prometheus keeps the run's figures at {prometheus.url}{traces}; press Enter (or Ctrl-C) to stop them")
     with contextlib.suppress(KeyboardInterrupt):
         sys.stdin.readline()
 
 
 def run(work_dir: Path, records: int, rate: float, *, observe: bool = False) -> bool:
-    """Run the demo; True when the replica is exact. observe: start Prometheus beside it."""
+    """Run the demo; True when the replica is exact. observe: start Prometheus and Zipkin beside it."""
     work_dir.mkdir(parents=True, exist_ok=True)
     logs = work_dir / "logs"
     logs.mkdir(exist_ok=True)
-    _say("starting two local Apache Kafka clusters (first run downloads the broker jars from Maven Central)")
-    clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
-    src, dst = clusters
-    services: list[_Service] = []
-    # Fixed metrics ports when observed (Prometheus must know them), free ones otherwise.
-    metrics = (f"127.0.0.1:{reserve_port()}", f"127.0.0.1:{reserve_port()}") if observe else ("127.0.0.1:0",) * 2
-    prometheus = _observe(work_dir, *metrics) if observe else None
-    try:
-        exact = _replicate(
-            src, dst=dst, work_dir=work_dir, logs=logs, records=records, rate=rate, services=services, metrics=metrics
-        )
-        if prometheus is not None:
-            _linger(prometheus)
-        return exact
-    finally:
-        for s in services:
-            s.stop()
-        if prometheus is not None:
-            prometheus.stop()
-        for c in clusters:
-            c.stop()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Zipkin (a Spring Boot server: 15 s or more) starts while the brokers do.
+        zipkin_start = pool.submit(LocalZipkin.start, work_dir / f"zipkin-{int(time.time())}") if observe else None
+        if zipkin_start is not None:
+            _say("starting a Zipkin server (first run downloads its jar from Maven Central)")
+        _say("starting two local Apache Kafka clusters (first run downloads the broker jars from Maven Central)")
+        clusters: list[LocalCluster] = []
+        services: list[_Service] = []
+        prometheus: LocalPrometheus | None = None
+        zipkin: LocalZipkin | None = None
+        try:
+            clusters = start_clusters(["source", "destination"], base_dir=work_dir / f"clusters-{int(time.time())}")
+            zipkin = zipkin_start.result() if zipkin_start is not None else None
+            if zipkin is not None:
+                _say(f"Zipkin: {zipkin.url}/zipkin/ ({TRACE_RATIO:.0%} of the records traced)")
+            # Fixed metrics ports when observed (Prometheus must know them), free ones otherwise.
+            ports = (f"127.0.0.1:{reserve_port()}", f"127.0.0.1:{reserve_port()}")
+            metrics = ports if observe else ("127.0.0.1:0",) * 2
+            prometheus = _observe(work_dir, *metrics) if observe else None
+            exact = _replicate(
+                *clusters,
+                work_dir=work_dir,
+                logs=logs,
+                records=records,
+                rate=rate,
+                services=services,
+                metrics=metrics,
+                zipkin=zipkin,
+            )
+            if prometheus is not None:
+                _linger(prometheus, zipkin)
+            return exact
+        finally:
+            for s in services:
+                s.stop()
+            if prometheus is not None:
+                prometheus.stop()
+            if zipkin_start is not None:
+                with contextlib.suppress(Exception):  # a failed start has nothing to stop
+                    zipkin_start.result().stop()  # a start still in progress is waited for, then stopped
+            for c in clusters:
+                c.stop()
+
+
+def _tracing(zipkin: LocalZipkin | None) -> dict[str, object]:
+    """The services' tracing section: off, or TRACE_RATIO of the records to zipkin."""
+    if zipkin is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "sampler_ratio": TRACE_RATIO,
+        "exporter": "zipkin",
+        "endpoint": zipkin.spans_endpoint,
+        "ui_url_template": zipkin.ui_url("{trace_id}"),
+    }
 
 
 def _replicate(
     src: LocalCluster,
-    *,
     dst: LocalCluster,
+    *,
     work_dir: Path,
     logs: Path,
     records: int,
     rate: float,
     services: list[_Service],
     metrics: tuple[str, str],
+    zipkin: LocalZipkin | None,
 ) -> bool:
     _say(f"source {src.bootstrap_servers} (cluster {src.cluster_id}), destination {dst.bootstrap_servers}")
     topic = "orders"
@@ -199,6 +248,7 @@ def _replicate(
                     "metrics_address": metrics[0],
                 },
                 "deduper": {"instance_id": "demo-1", "listen_address": control, "metrics_address": metrics[1]},
+                "tracing": _tracing(zipkin),
             },
             sort_keys=False,
         )
@@ -228,13 +278,74 @@ def _replicate(
         time.sleep(1.0)  # polling the destination's progress
         actual = read_topic(dst.bootstrap_servers, f"source.{topic}")
     for s in services:
-        s.stop()
+        s.stop()  # SIGTERM: each flushes its spans on the way out
+    traced_line = ""
+    if zipkin is not None:
+        expected, _ = without_header(expected, _TRACEPARENT)
+        actual, traced = without_header(actual, _TRACEPARENT)
+        traced_line = f" ({_TRACEPARENT} headers left out: {traced} records traced)"
+        _sample_trace(zipkin, config, f"source.{topic}", dst.bootstrap_servers)
     verdict = compare(expected, actual)
-    _say(f"destination topic 'source.{topic}' compared with the source, partition by partition; then audited")
+    _say(
+        f"destination topic 'source.{topic}' compared with the source, partition by partition{traced_line}; "
+        "then audited"
+    )
     audited, audit_line = _audit(config, logs)
     print(f"\n    demo's own check: {verdict}\n    ferryman audit:   {audit_line}\n", flush=True)
     _say(f"service logs: {logs}")
     return verdict.exact and audited is not False
+
+
+def _sample_trace(zipkin: LocalZipkin, config: Path, topic: str, bootstrap: str) -> None:
+    """Print one traced record's trace as Zipkin has it, and ``ferryman trace`` for that record."""
+    found = _first_traced_offset(bootstrap, topic)
+    if found is None:
+        _say("no record was traced (fewer records than 1/ratio?)")
+        return
+    partition, offset, traceparent = found
+    trace_id = traceparent.split("-")[1]
+    deadline = time.monotonic() + 30
+    spans = zipkin.trace(trace_id)
+    while not spans and time.monotonic() < deadline:
+        time.sleep(0.5)  # spans reach Zipkin in the exporters' batches
+        spans = zipkin.trace(trace_id)
+    names = sorted({s.get("localEndpoint", {}).get("serviceName", "?") for s in spans})
+    _say(f"a traced record, {topic}-{partition} offset {offset}: {len(spans)} spans from {', '.join(names)}")
+    print(f"    {zipkin.ui_url(trace_id)}", flush=True)
+    print(f"    (the same link: ferryman trace {topic} {partition} {offset} --config {config})", flush=True)
+
+
+def _first_traced_offset(bootstrap: str, topic: str) -> tuple[int, int, str] | None:
+    """(partition, offset, traceparent) of the first destination record with a ``traceparent``, or None."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ferryman-demo-trace",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None:
+            return None
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)])
+        pending = set(md.partitions)
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=10_000, timeout=0.5):
+                if m.error() is not None:
+                    pending.discard(m.partition() or 0)  # end of a partition
+                    continue
+                headers: list[tuple[str, bytes | None]] = list(m.headers() or ())  # type: ignore[arg-type]
+                for name, value in headers:
+                    if name == _TRACEPARENT and value:
+                        return m.partition() or 0, m.offset() or 0, value.decode()
+        return None
+    finally:
+        consumer.close()
 
 
 def _audit(config: Path, logs: Path) -> tuple[bool | None, str]:
@@ -272,7 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5000.0, help="records per second (default 5000)")
     parser.add_argument("--dir", type=Path, default=Path(".ferryman/demo"), help="work directory")
     parser.add_argument(
-        "--observe", action="store_true", help="start Prometheus beside the demo, scraping both services; print its URL"
+        "--observe",
+        action="store_true",
+        help=f"start Prometheus (scraping both services) and Zipkin ({TRACE_RATIO:.0%} of records traced) beside the "
+        "demo; print their URLs",
     )
     args = parser.parse_args(argv)
     return 0 if run(args.dir, args.records, args.rate, observe=args.observe) else 1

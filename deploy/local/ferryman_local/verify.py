@@ -2,7 +2,10 @@
 
 Used by the demo (and mirrored by the tests' helpers): a
 replica is exact when, per partition, it holds the same records in the same
-order (key, value, headers, timestamp), none missing, none duplicated.
+order (key, value, headers, timestamp), none missing, none duplicated. With
+tracing on, a traced record's copy carries a ``traceparent`` header of the
+deduper's (README "Operations: tracing"): ``without_header`` leaves that
+header out on both sides first, so every other byte is still compared.
 """
 
 from __future__ import annotations
@@ -48,6 +51,19 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0) -> dict[i
         return out
     finally:
         consumer.close()
+
+
+def without_header(records: dict[int, list[Record]], name: str) -> tuple[dict[int, list[Record]], int]:
+    """The records with every header called name left out, and how many records had one."""
+    had = 0
+    out: dict[int, list[Record]] = {}
+    for p, rows in records.items():
+        kept = out[p] = []
+        for key, value, headers, ts in rows:
+            stripped = tuple(h for h in headers if h[0] != name)
+            had += len(stripped) != len(headers)
+            kept.append((key, value, stripped, ts))
+    return out, had
 
 
 @dataclass(frozen=True)

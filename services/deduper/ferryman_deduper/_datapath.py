@@ -282,6 +282,7 @@ class DataPath:
                 last_row = tuple(c[start + count - 1] for c in columns)
                 last_cb = self._slice_callback(slc, first=False, last=True)
                 rowproduce.produce_row(producer, dest, partition, last_row, last_cb)
+        self._txn.timestamps.append((run.timestamps_ms, start))
         self._txn.records += count
         self.stats.records_written += count
 

@@ -42,7 +42,7 @@ from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
-from ferryman.metrics import deduper_metrics
+from ferryman.metrics import LATENCY_COUNT, deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
@@ -302,7 +302,7 @@ class Deduper:
             tracer_provider=self._tracing.provider if self._tracing is not None else None,
         ) as self._server:
             # Prometheus endpoint (metrics_address): serves status() from now until the drain is done.
-            exporter = deduper_metrics(self._dc.metrics_address, self.status)
+            exporter = deduper_metrics(self._dc.metrics_address, self.status, self._txn.latency.snapshot)
             with exporter:
                 self._run_kafka()
 
@@ -377,13 +377,14 @@ class Deduper:
         )
         self._parts.start()
         _log.info(
-            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, produce path %s",
+            "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, produce path %s, latency count %s",
             self.instance_id,
             self._flow.name,
             self._names.staging_topic,
             f"transactional.id {self._txn.transactional_id}" if self._eos else "at-least-once (exactly_once: false)",
             envelope.CODEC,
             self._produce_path(),
+            LATENCY_COUNT,
         )
         self._set_serving(True)
         # The last audit verdicts, for status() and the metrics: a thread of its own, off the loop.

@@ -37,6 +37,7 @@ from ferryman.config import DeduperConfig
 from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
 from ferryman.health import ClusterHealth
 from ferryman.kafka_errors import ErrorClass, authorization_error, classify, kafka_error_of, retry_retriable
+from ferryman.metrics import LatencyHistogram
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
 from ferryman.watchdog import GRACE_S, Watchdog
@@ -107,6 +108,11 @@ class Transaction:
         self.records = 0
         self.pending: dict[PartitionKey, PartitionState] = {}
         self.slices: list[Slice] = []
+        #: (source timestamps, first index written) of each run written in the open transaction:
+        #: counted into ``latency`` when it commits (one append per envelope on the write path).
+        self.timestamps: list[tuple[Sequence[int], int]] = []
+        self.latency = LatencyHistogram()
+        """End-to-end latency of every committed record (source timestamp to commit)."""
         self.next_offsets: dict[int, int] = {}
         self.delivery_error: KafkaError | None = None
         self.producer_fatal: KafkaError | None = None
@@ -208,6 +214,7 @@ class Transaction:
         """Forget the open transaction's work (after its commit or abort)."""
         self.pending.clear()
         self.slices.clear()
+        self.timestamps.clear()
         self.next_offsets.clear()
         self.open = False
         self.records = 0
@@ -264,6 +271,7 @@ class Transaction:
                     what="committing staging offsets",
                     budget_s=budget,
                 )
+        self.latency.observe(self.timestamps, time.time_ns() // 1_000_000)
         committed = dict(self.pending)
         self.clear()
         self.consecutive_failures = 0

@@ -1,0 +1,163 @@
+"""CPU cost of one traced record, per service and in all: ``python -m bench.span_cost [--records N]``.
+
+Runs the services' own record-span code (``ferryman_wrapper._traces``, ``ferryman_deduper._traces``) on
+records that are all traced, in one process, and prints CPU microseconds per traced record (process time,
+so the export thread's work counts, as it does in a service):
+
+* ``spans``: the SDK spans alone (a provider with no processor: creation, attributes, ids, ending);
+* ``+ export``: with the services' ``BatchSpanProcessor`` and an exporter that encodes the spans as Zipkin
+  JSON (what ``exporter: zipkin`` sends) but does not send them.
+
+Beside it, the compiled envelope decode of the same records, per record: figures on a busy machine scale
+with it. The amortised cost at a ratio r is r x the total; the budget of issue 26 is 5 % of Ferryman's
+CPU per record (~2-4 us/record for both services together on this machine, README "Benchmark").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Message
+from ferryman import envelope
+from ferryman.config import TracingConfig
+from ferryman.tracing import RecordSampler, Tracing
+from ferryman.v1 import envelope_pb2
+from ferryman_deduper._traces import DeduperTraces
+from ferryman_wrapper._traces import WrapperTraces
+from opentelemetry.exporter.zipkin.encoder import Protocol
+from opentelemetry.exporter.zipkin.json import ZipkinExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+#: Records per envelope (and per run) in the measurement.
+RUN = 100
+#: Traced records per envelope: 1, as at the ratios that are used (one traced record per transaction, so
+#: each has a ``ferryman commit`` span of its own); 100 (``--all``) for a run where every record is traced.
+
+
+class EncodeOnlyZipkin(SpanExporter):
+    """Encodes spans as Zipkin's JSON v2, as ``exporter: zipkin`` does, and drops the bytes."""
+
+    def __init__(self) -> None:
+        exporter = ZipkinExporter(version=Protocol.V2)
+        self._encoder = exporter.encoder
+        self._endpoint = exporter.local_node
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Encode, count, drop."""
+        self._encoder.serialize(spans, self._endpoint)  # type: ignore[arg-type]  # the SDK hands ReadableSpans
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+def _tracing(export: bool) -> tuple[Tracing, EncodeOnlyZipkin | None]:
+    config = TracingConfig(enabled=True, sampler="always_on", sampler_ratio=1.0, exporter="zipkin")
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench"}))
+    exporter = EncodeOnlyZipkin() if export else None
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    tracing = Tracing(
+        config=config,
+        sampler=RecordSampler.of(config),
+        records=provider.get_tracer("ferryman"),
+        provider=provider,
+        record_provider=provider,
+    )
+    return tracing, exporter
+
+
+def _run(n: int) -> tuple[list[Message], bytes]:
+    """n records as messages (for the wrapper) and as one envelope (for the deduper)."""
+    messages = [Message(topic="t", partition=0, offset=i, key=b"k%d" % i, value=b"v" * 100) for i in range(n)]
+    run = envelope.RecordRun(
+        offsets=range(n),
+        timestamps_ms=[1_800_000_000_000 + i for i in range(n)],
+        timestamp_types=[0],
+        keys=[m.key() for m in messages],
+        values=[m.value() for m in messages],
+    )
+    src = envelope_pb2.SourcePartition(topic="t", partition=0, cluster_id="c", topic_id=b"0123456789abcdef")
+    return messages, envelope.encode(src, -1, run, wrapper_id="w", wrapper_epoch=1)
+
+
+def _cpu_per(fn: Callable[[], Any], n: int, repeat: int = 3) -> float:
+    """Best of repeat: CPU microseconds (all threads) per record."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best / n * 1e6
+
+
+def measure(records: int, per_envelope: int) -> dict[str, float]:
+    """CPU us per traced record: wrapper, deduper, both; without and with export; decode for scale."""
+    messages, data = _run(per_envelope)
+    out: dict[str, float] = {}
+    out["decode"] = _cpu_per(lambda: [envelope.decode(data) for _ in range(records // per_envelope)], records)
+    for export in (False, True):
+        tracing, exporter = _tracing(export)
+        wrapper = WrapperTraces(tracing, consumer_group="g")
+        deduper = DeduperTraces(tracing, staging_topic="staging", consumer_group="d")
+        suffixes: list[bytes] = []
+
+        def wrap(wrapper: WrapperTraces = wrapper, suffixes: list[bytes] = suffixes) -> None:
+            suffixes.clear()
+            for _ in range(records // per_envelope):
+                traces = wrapper.start("t", 0, messages)
+                assert traces is not None
+                suffixes.append(traces.suffix(-1, per_envelope - 1))
+                traces.end()
+
+        def dedupe(deduper: DeduperTraces = deduper, suffixes: list[bytes] = suffixes) -> None:
+            for suffix in suffixes:
+                traced = envelope.decode(data + suffix)
+                deduper.written(traced, 0, destination="t2", staging_partition=0, staging_offset=0, headers=None)
+                deduper.committed(per_envelope, time.time_ns())  # a transaction per envelope
+
+        def flushed(fn: Callable[[], None], tracing: Tracing = tracing) -> Callable[[], None]:
+            def call() -> None:
+                fn()
+                tracing.provider.force_flush()  # the export thread's work is part of the cost
+
+            return call
+
+        tag = "+ export" if export else "spans"
+        out[f"wrapper {tag}"] = _cpu_per(flushed(wrap), records)
+        wrap()  # suffixes for the deduper
+        out[f"deduper {tag}"] = _cpu_per(flushed(dedupe), records) - out["decode"]  # its decode is not tracing
+        out[f"both {tag}"] = out[f"wrapper {tag}"] + out[f"deduper {tag}"]
+        if exporter is not None:
+            tracing.provider.shutdown()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=20_000, help="traced records per measurement (20000)")
+    parser.add_argument(
+        "--all", action="store_true", help=f"{RUN} traced records per transaction (default: 1, as at low ratios)"
+    )
+    args = parser.parse_args(argv)
+    per = RUN if args.all else 1
+    figures = measure(args.records, per)
+    load = open("/proc/loadavg").read().split()[0]  # noqa: SIM115
+    print(f"CPU us per traced record ({args.records} records, {per} per transaction, best of 3; load {load}):")
+    for name, value in figures.items():
+        print(f"  {name:20s} {value:8.2f}")
+    both = figures["both + export"]
+    for ratio in (0.01, 0.001):
+        print(f"  at ratio {ratio:g}: {ratio * both * 1000:.1f} ns per record amortised (both services, export)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
