@@ -73,6 +73,15 @@ def test_a_view_read_before_a_later_one_does_not_bring_back_an_old_topic_id() ->
     assert [s.topic_id for s in producer.sent] == [NEW_ID]
 
 
+def test_a_topic_id_change_seen_by_this_process_is_a_re_creation_the_wrapper_acts_on() -> None:
+    specs = _publisher(_Producer())
+    specs.publish(_view(1.0, OLD_ID))
+    specs.publish(_view(2.0, OLD_ID, partitions=6))  # grew: same topic
+    assert specs.recreated == set()
+    specs.publish(_view(3.0, NEW_ID))
+    assert specs.recreated == {"orders"}
+
+
 def test_a_later_view_publishes_what_changed_and_only_that() -> None:
     producer = _Producer()
     specs = _publisher(producer)

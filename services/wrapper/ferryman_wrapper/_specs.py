@@ -59,6 +59,9 @@ class SpecPublisher:
     def __post_init__(self) -> None:
         self.published: dict[str, state_pb2.TopicSpec] = {}
         self.on_change: Callable[[list[state_pb2.TopicSpec]], None] | None = None
+        #: Topics whose id changed since this process published them (deleted and re-created): the wrapper
+        #: replaces its source consumer, which may never fetch a re-created topic it knew by its old id.
+        self.recreated: set[str] = set()
         # When the observation that last published or confirmed each topic began.
         self._seen_at: dict[str, float] = {}
 
@@ -157,6 +160,9 @@ class SpecPublisher:
                 TimeoutError(f"{remaining} not acknowledged, errors: {errors}"),
             )
         for spec in changed:
+            old = self.published.get(spec.topic)
+            if old is not None and old.topic_id != spec.topic_id:
+                self.recreated.add(spec.topic)
             self.published[spec.topic] = spec
             _log.info(
                 "published spec of source topic %s: %d partitions, configs %s",

@@ -487,6 +487,12 @@ class Wrapper:
         elif self._commits.wedged:
             self._commits.wedged = False
             self._rebuild_consumer("a source offset commit never returned")
+        elif self._specs.recreated:
+            names = ", ".join(sorted(self._specs.recreated))
+            self._specs.recreated.clear()
+            # librdkafka keeps the topic ids it has seen: after a re-creation an assigned partition may
+            # fetch nothing, with no error, until the client is replaced (confluent-kafka-python #1787).
+            self._rebuild_consumer(f"source topic {names} was re-created (new topic id)")
         elif self._parts.resubscribe_due:
             self._parts.resubscribe_due = False
             _log.warning("rejoining the source consumer group to start the partitions that could not be prepared")
@@ -839,6 +845,11 @@ class Wrapper:
         holds and reports as lost (a resend answer tells it the source no longer
         has the records) until an operator acknowledges the loss.
         """
+        # A topic deleted and re-created under us looks the same from here: its offsets start again at 0.
+        self._specs.refresh([key.topic])
+        if key.topic in self._specs.recreated:
+            _log.warning("source partition %s is out of range (%s): its topic was re-created", key, err.str())
+            return  # the loop replaces the consumer, which starts the new topic from its beginning
         low, _high = topics.watermark_offsets(self._consumer, key.topic, key.partition, budget_s=_ADMIN_TIMEOUT_S)
         first_lost = self._parts.chain[key] + 1
         if low <= first_lost:
