@@ -13,6 +13,7 @@ setup(
     ext_modules=[
         Extension("ferryman._batchcodec", ["clients/ferryman/_batchcodec.pyx"], optional=True),
         Extension("ferryman._rdproduce", ["clients/ferryman/_rdproduce.pyx"], optional=True),
+        Extension("ferryman_auditor._codes", ["services/auditor/ferryman_auditor/_codes.pyx"], optional=True),
         Extension(
             "ferryman_auditor.kafka_source._spanread",
             ["services/auditor/ferryman_auditor/kafka_source/_spanread.pyx"],
