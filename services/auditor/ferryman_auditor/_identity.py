@@ -35,6 +35,9 @@ except ImportError:  # not built (no C compiler at install): the Arrow kernels c
 
 Int64s = npt.NDArray[np.int64]
 
+#: Which coder ``content_keys`` takes by default, for logs.
+CODER = "compiled (_codes)" if _codes is not None else "Arrow kernels (the compiled coder is not built)"
+
 #: Timestamp types are -1 (none), 0 (create time) and 1 (log-append time): three values.
 _TYPES = 3
 
