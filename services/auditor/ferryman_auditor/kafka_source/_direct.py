@@ -24,7 +24,7 @@ from ferryman_auditor.kafka_source._schema import ARROW_SCHEMA, CONSUME_BATCH, C
 
 _IMPORT_ERROR: str | None = None
 try:
-    from ferryman_auditor.kafka_source import _spanread
+    import ferryman_auditor.kafka_source._spanread as _spanread  # noqa: PLR0402 -- names the module when missing
 except ImportError as exc:  # not built (no C compiler), or built against another ferryman
     _spanread = None  # type: ignore[assignment]
     _IMPORT_ERROR = f"ferryman_auditor.kafka_source._spanread cannot be imported ({exc})"
