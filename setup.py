@@ -1,8 +1,9 @@
 """The one build step pyproject.toml cannot declare stably: the compiled fast paths.
 
 Optional: without a C compiler the install still succeeds; ``ferryman.envelope``
-uses its pure-Python codec and the deduper calls ``produce()`` per record (the
-services log which paths they run). Everything else about the package is in
+uses its pure-Python codec, the deduper calls ``produce()`` per record and the
+auditor's span reader reads through ``consume()`` (the services log which paths
+they run). Everything else about the package is in
 pyproject.toml.
 """
 
@@ -13,5 +14,11 @@ setup(
         Extension("ferryman._batchcodec", ["clients/ferryman/_batchcodec.pyx"], optional=True),
         Extension("ferryman._rdproduce", ["clients/ferryman/_rdproduce.pyx"], optional=True),
         Extension("ferryman.metrics._latencycount", ["clients/ferryman/metrics/_latencycount.pyx"], optional=True),
+        Extension("ferryman_auditor._codes", ["services/auditor/ferryman_auditor/_codes.pyx"], optional=True),
+        Extension(
+            "ferryman_auditor.kafka_source._spanread",
+            ["services/auditor/ferryman_auditor/kafka_source/_spanread.pyx"],
+            optional=True,
+        ),
     ]
 )

@@ -42,6 +42,8 @@ import psutil
 from ferryman.config import load_config
 from ferryman.service import tune_gc
 from ferryman_auditor import AuditRange, run_audit, spark_session
+from ferryman_auditor._identity import CODER
+from ferryman_auditor.kafka_source._reader import compiled_path
 from ferryman_local import LocalCluster, start_clusters
 
 from bench.measure import TreeSampler
@@ -179,6 +181,9 @@ def _audit(args: argparse.Namespace, config_path: Path) -> tuple[float, list[Rat
     spark = spark_session(args.master, app_name="ferryman-bench-audit")
     start_s = time.monotonic() - started
     _log(f"Spark session ({args.master}) started in {start_s:.1f} s")
+    why_not = compiled_path()
+    reader = "compiled (_spanread)" if why_not is None else f"consume() ({why_not})"
+    _log(f"this process's audit paths (executors import the same package): span reader {reader}, codes {CODER}")
     rates: list[Rate] = []
     faults: list[str] = []
     try:

@@ -1,13 +1,21 @@
-"""Exact content identities (ferryman_auditor._identity) and the offset map's expansion (no Kafka, no Spark)."""
+"""Exact content identities (ferryman_auditor._identity) and the offset map's expansion (no Kafka, no Spark).
+
+Both coders run every case: the compiled one (a 64-bit hash per record, equal
+hashes confirmed byte for byte) and the Arrow kernels it replaces where it is
+built. With every hash forced equal the compiled codes must stay exact.
+"""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pytest
 from ferryman.state import offset_mapping
 from ferryman.v1 import envelope_pb2
-from ferryman_auditor._identity import content_keys
+from ferryman_auditor._identity import compiled_codes, content_keys
 from ferryman_auditor._task import expand_mappings
 from ferryman_auditor.kafka_source import ARROW_SCHEMA
 
@@ -19,15 +27,33 @@ def _record(**changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
-def _identities(records: list[dict[str, Any]], chunk: int = 3) -> list[tuple[int, int]]:
+#: How a test codes a table: the compiled coder, the same with every hash equal, the Arrow kernels.
+_CODERS = ["compiled", "colliding", "arrow"]
+
+
+def _table(records: list[dict[str, Any]], chunk: int = 3) -> pa.Table:
     table = pa.Table.from_pylist(records, schema=_SCHEMA)
     # Several chunks, as a task's reads give: codes must not depend on where a chunk starts.
-    table = pa.concat_tables([table.slice(i, chunk) for i in range(0, len(records), chunk)] or [table])
-    first, second = content_keys(table)
+    return pa.concat_tables([table.slice(i, chunk) for i in range(0, len(records), chunk)] or [table])
+
+
+def _identities(records: list[dict[str, Any]], coder: str = "compiled", chunk: int = 3) -> list[tuple[int, int]]:
+    table = _table(records, chunk)
+    if coder == "colliding":
+        first = compiled_codes(table, hash_mask=0) if len(records) else np.zeros(0, dtype=np.int64)
+        second = np.zeros(len(first), dtype=np.int64)
+    else:
+        first, second = content_keys(table, compiled=coder == "compiled")
     return list(zip(first.tolist(), second.tolist(), strict=True))
 
 
-def test_equal_contents_and_only_those_share_an_identity() -> None:
+def _same_partition(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Whether two codings tell exactly the same rows apart."""
+    return len(set(a)) == len(set(b)) == len(set(zip(a, b, strict=True)))
+
+
+@pytest.mark.parametrize("coder", _CODERS)
+def test_equal_contents_and_only_those_share_an_identity(coder: str) -> None:
     h1 = [{"key": "h", "value": b"1"}]
     records = [
         _record(),
@@ -48,16 +74,62 @@ def test_equal_contents_and_only_those_share_an_identity() -> None:
         _record(timestamp_type=1),
         _record(timestamp_type=-1),
     ]
-    ids = _identities(records)
+    ids = _identities(records, coder)
     assert len(set(ids)) == len(records)  # every change of key, value, headers, timestamp or type is seen
-    again = _identities(records + records[::-1])
+    again = _identities(records + records[::-1], coder)
     n = len(records)
     assert again[:n] == [again[2 * n - 1 - i] for i in range(n)]  # the same contents, the same identities
     assert len(set(again)) == n
 
 
-def test_an_empty_table_has_no_identities() -> None:
-    assert _identities([]) == []
+@pytest.mark.parametrize("coder", _CODERS)
+def test_an_empty_table_has_no_identities(coder: str) -> None:
+    assert _identities([], coder) == []
+
+
+@pytest.mark.parametrize("coder", _CODERS)
+def test_traceparent_is_left_out(coder: str) -> None:
+    tp = {"key": "traceparent", "value": b"00-1-2-01"}
+    other_tp = {"key": "traceparent", "value": b"00-3-4-01"}
+    h = {"key": "h", "value": b"1"}
+    records = [
+        _record(),  # no headers
+        _record(headers=[tp]),  # only a traceparent: as no headers
+        _record(headers=[h]),
+        _record(headers=[h, tp]),  # appended at the destination
+        _record(headers=[other_tp, h]),  # replaced
+        _record(headers=[]),  # empty, not null
+    ]
+    ids = _identities(records, coder)
+    assert ids[0] == ids[1] and ids[2] == ids[3] == ids[4]
+    assert len({ids[0], ids[2], ids[5]}) == 3
+
+
+def _random_record(rng: random.Random) -> dict[str, Any]:
+    def blob() -> bytes | None:
+        some = bytes(rng.randrange(4) for _ in range(9))
+        return rng.choice([None, b"", b"a", b"ab", b"abcdefgh", b"abcdefghi", some])
+
+    mixed = [{"key": rng.choice(["a", "b", "traceparent"]), "value": blob()} for _ in range(rng.randrange(1, 4))]
+    headers = rng.choice([None, [], [{"key": "traceparent", "value": blob()}], mixed])
+    return {
+        "key": blob(),
+        "value": blob(),
+        "headers": headers,
+        "timestamp": rng.choice([1_000, 1_001]),
+        "timestamp_type": rng.choice([-1, 0, 1]),
+    }
+
+
+def test_the_coders_tell_the_same_records_apart() -> None:
+    rng = random.Random(27)
+    pool = [_random_record(rng) for _ in range(500)]  # near misses among them (one field apart)
+    records = [rng.choice(pool) for _ in range(3_000)]  # and each content many times
+    arrow = _identities(records, "arrow", chunk=250)
+    assert len(set(arrow)) <= 500
+    assert _same_partition(arrow, _identities(records, "compiled", chunk=250))
+    # Every hash equal: each record is compared with every distinct content before it (kept small).
+    assert _same_partition(_identities(records[:600], "arrow"), _identities(records[:600], "colliding"))
 
 
 def test_mappings_of_one_partition_in_source_order() -> None:

@@ -1,11 +1,14 @@
 """Executor-side reads: one offset span of one partition, as Arrow record batches.
 
-No Python code runs per record: a consume() batch is cut at the span's end by
-bisection, turned into columns by the compiled envelope codec
-(``ferryman._batchcodec``: the messages' fields read in C into one columnar
-RecordBatch, decoded back into column lists), and each column becomes an Arrow
-array in one call. Where the codec is not built, or leaves a batch (a key of
-another type), each column is one C-level ``map`` over the messages.
+No Python code runs per record. Where the compiled span reader is built and
+binds (``_direct``: librdkafka's messages copied straight into Arrow buffers),
+it reads. Otherwise a consume() batch is cut at the span's end by bisection,
+turned into columns by the compiled envelope codec (``ferryman._batchcodec``:
+the messages' fields read in C into one columnar RecordBatch, decoded back into
+column lists), and each column becomes an Arrow array in one call; where that
+codec is not built either, or leaves a batch (a key of another type), each
+column is one C-level ``map`` over the messages. Every path yields the same
+batches.
 """
 
 from __future__ import annotations
@@ -24,32 +27,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from ferryman import envelope
 from ferryman.envelope import RecordRun
 
+from ferryman_auditor.kafka_source import _direct
 from ferryman_auditor.kafka_source._errors import KafkaSourceError
 from ferryman_auditor.kafka_source._planning import OffsetSpan
+from ferryman_auditor.kafka_source._schema import ARROW_SCHEMA, CONSUME_BATCH, CONSUME_WAIT_S, HEADER_TYPE
 
-HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-#: The Arrow schema of every batch; ``schema.SPARK_SCHEMA`` is the same in Spark's terms.
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("headers", HEADER_TYPE),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestamp_type", pa.int32()),
-    ]
-)
+__all__ = ["ARROW_SCHEMA", "compiled_path", "consumer_config", "read_span"]
 
-#: Records per consume() call and so at most per Arrow batch: large enough that the
-#: per-call and per-batch costs (~100 µs) vanish, small enough to keep a batch in cache.
-CONSUME_BATCH = 10_000
-#: Longest wait of one consume() call; the stall budget is counted across calls. consume(n, timeout)
-#: returns before the timeout only once n messages are there, and the end of a span often holds fewer
-#: (transaction markers, the partition's end): 0.5 s here cost every split half a second at its end,
-#: a 125 k-record split read in 0.8-1.7 s instead of 0.33 s. Shorter calls cost ~100 us each.
-_CONSUME_WAIT_S = 0.05
 #: The broker answers a fetch at the end of a partition after this long at most
 #: (librdkafka's default is 500 ms): the end of a span is often the end of the
 #: partition, which only an empty fetch answer (partition EOF) reveals.
@@ -84,7 +68,14 @@ def consumer_config(kafka_config: Mapping[str, str]) -> dict[str, Any]:
     return conf
 
 
-def read_span(span: OffsetSpan, kafka_config: Mapping[str, str], stall_timeout_ms: int) -> Iterator[pa.RecordBatch]:
+def compiled_path() -> str | None:
+    """None when span reads take the compiled reader, else why not (for logs)."""
+    return _direct.WHY_NOT
+
+
+def read_span(
+    span: OffsetSpan, kafka_config: Mapping[str, str], stall_timeout_ms: int, *, compiled: bool | None = None
+) -> Iterator[pa.RecordBatch]:
     """Yield the records of span as Arrow batches (ARROW_SCHEMA), in offset order.
 
     The read ends at the first record at or past ``span.end``, or when the
@@ -92,10 +83,21 @@ def read_span(span: OffsetSpan, kafka_config: Mapping[str, str], stall_timeout_m
     transaction markers and aborted records) is at or past it; never by
     counting records.
 
+    Args:
+        span: what to read.
+        kafka_config: the read's librdkafka properties.
+        stall_timeout_ms: longest time without progress.
+        compiled: take the compiled reader (True), ``consume()`` (False), or the compiled one when it is
+            available (None, the default).
+
     Raises:
-        KafkaSourceError: the start is no longer stored, a Kafka error, or no progress for stall_timeout_ms.
+        KafkaSourceError: the start is no longer stored, a Kafka error, or no progress for stall_timeout_ms,
+            or the compiled reader was asked for and is unavailable.
     """
     if span.empty:
+        return
+    if compiled or (compiled is None and _direct.WHY_NOT is None):
+        yield from _direct.read_span(span, consumer_config(kafka_config), stall_timeout_ms)
         return
     consumer = Consumer(consumer_config(kafka_config))
     try:
@@ -104,7 +106,7 @@ def read_span(span: OffsetSpan, kafka_config: Mapping[str, str], stall_timeout_m
         position = span.start
         while position < span.end:
             # No more than the offsets left and the partition-end event: a dense span's last call returns at once.
-            msgs = consumer.consume(min(CONSUME_BATCH, span.end - position + 1), _CONSUME_WAIT_S)
+            msgs = consumer.consume(min(CONSUME_BATCH, span.end - position + 1), CONSUME_WAIT_S)
             if not msgs:
                 if time.monotonic() - progress_at > stall_timeout_ms / 1000:
                     raise KafkaSourceError(
