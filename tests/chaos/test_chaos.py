@@ -14,9 +14,8 @@ import pytest
 from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import CI, LONG, Profile
 
-# The "ci" schedule ran over 19 min inside a CI run because the load generator's transactional producer
-# retried a fatal abort for 300 s and then died: every later recovery wait ran to its 120 s budget (no load,
-# no progress). With that fixed it runs in CI again; the long one stays nightly.
+# Both schedules run nightly (FERRYMAN_NIGHTLY=1) for now: the CI-sized one takes 7-16 min on this 2-core
+# machine (broker restarts dominate), which CI's 30-min budget cannot carry beside the rest; see docs/notes.md.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: CI's seed; FERRYMAN_CHAOS_SEED replays another one (a failing nightly's, say).
@@ -27,7 +26,7 @@ LONG_SEED = 20261126
 @pytest.mark.parametrize(
     ("profile", "seed"),
     [
-        pytest.param(CI, CI_SEED, id="ci"),
+        pytest.param(CI, CI_SEED, id="ci", marks=pytest.mark.nightly),
         pytest.param(LONG, LONG_SEED, id="long", marks=pytest.mark.nightly),
     ],
 )
