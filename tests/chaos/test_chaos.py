@@ -14,8 +14,8 @@ import pytest
 from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import CI, LONG, Profile
 
-# Both schedules run nightly (FERRYMAN_NIGHTLY=1) for now: the CI-sized one takes 7-16 min on this 2-core
-# machine (broker restarts dominate), which CI's 30-min budget cannot carry beside the rest; see docs/notes.md.
+# Both schedules run nightly (FERRYMAN_NIGHTLY=1) for now: the CI-sized one takes ~5 min alone on a 2-core
+# machine (13-16 min beside other suites), which CI's 30-min budget cannot carry beside the rest yet.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: CI's seed; FERRYMAN_CHAOS_SEED replays another one (a failing nightly's, say).
