@@ -10,7 +10,6 @@ values.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ferryman_auditor.kafka_source._errors import KafkaSourceError
+from ferryman_auditor.kafka_source._errors import KafkaSourceError, StallWatch
 from ferryman_auditor.kafka_source._planning import OffsetSpan
 from ferryman_auditor.kafka_source._schema import ARROW_SCHEMA, CONSUME_BATCH, CONSUME_WAIT_S, HEADER_TYPE
 
@@ -50,7 +49,7 @@ def read_span(
     wait_ms = max(1, round(wait_s * 1000))
     try:
         consumer.assign([TopicPartition(span.topic, span.partition, span.start)])
-        progress_at = time.monotonic()
+        stall = StallWatch(span, stall_timeout_ms)
         position = span.start
         while position < span.end:
             # As the consume() path: no more than the offsets left and the partition-end event.
@@ -58,13 +57,9 @@ def read_span(
             if error is not None:
                 raise KafkaSourceError(f"reading {span.topic}-{span.partition} from {span.start}: {error[1]}")
             if columns is None and eof < 0 and not past_end:
-                if time.monotonic() - progress_at > stall_timeout_ms / 1000:
-                    raise KafkaSourceError(
-                        f"{span.topic}-{span.partition}: nothing read for {stall_timeout_ms} ms at offset {position} "
-                        f"(reading up to {span.end})"
-                    )
+                stall.check(position)
                 continue
-            progress_at = time.monotonic()
+            stall.progressed()
             if columns is not None:
                 batch = _batch(span, columns)
                 yield batch

@@ -14,7 +14,6 @@ batches.
 from __future__ import annotations
 
 import bisect
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain, repeat
@@ -28,7 +27,7 @@ from ferryman import envelope
 from ferryman.envelope import RecordRun
 
 from ferryman_auditor.kafka_source import _direct
-from ferryman_auditor.kafka_source._errors import KafkaSourceError
+from ferryman_auditor.kafka_source._errors import KafkaSourceError, StallWatch
 from ferryman_auditor.kafka_source._planning import OffsetSpan
 from ferryman_auditor.kafka_source._schema import ARROW_SCHEMA, CONSUME_BATCH, CONSUME_WAIT_S, HEADER_TYPE
 
@@ -102,19 +101,15 @@ def read_span(
     consumer = Consumer(consumer_config(kafka_config))
     try:
         consumer.assign([TopicPartition(span.topic, span.partition, span.start)])
-        progress_at = time.monotonic()
+        stall = StallWatch(span, stall_timeout_ms)
         position = span.start
         while position < span.end:
             # No more than the offsets left and the partition-end event: a dense span's last call returns at once.
             msgs = consumer.consume(min(CONSUME_BATCH, span.end - position + 1), CONSUME_WAIT_S)
             if not msgs:
-                if time.monotonic() - progress_at > stall_timeout_ms / 1000:
-                    raise KafkaSourceError(
-                        f"{span.topic}-{span.partition}: nothing read for {stall_timeout_ms} ms at offset {position} "
-                        f"(reading up to {span.end})"
-                    )
+                stall.check(position)
                 continue
-            progress_at = time.monotonic()
+            stall.progressed()
             records, eof = _split_events(msgs, span)
             if records:
                 cut = _cut(records, span.end)
