@@ -11,13 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from tests.chaos.records import ROLES, RecordId, content
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _ABORT_EVERY = 5
 _RECORDS_PER_TRANSACTION = 20
@@ -180,41 +184,37 @@ class Load:
 
     def _new_transactional(self, conf: dict[str, str | int | bool]) -> Producer:
         """A transactional producer, initialised (retried while the source is away, within _FLUSH_S)."""
-        deadline = time.monotonic() + _FLUSH_S
-        while True:
+
+        def initialised() -> Producer:
             producer = Producer(conf)
-            try:
-                producer.init_transactions(30)
-                return producer
-            except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    raise
-                _log.info("load txn init: %s; again", exc)
-                time.sleep(_TXN_RETRY_S)
+            producer.init_transactions(30)
+            return producer
+
+        return _retried(initialised, again=lambda _err: True, what="init")
 
     def _commit(self, producer: Producer) -> None:
-        deadline = time.monotonic() + _FLUSH_S
-        while True:
-            try:
-                producer.commit_transaction(30)
-                return
-            except KafkaException as exc:
-                if not exc.args[0].retriable() or time.monotonic() > deadline:
-                    raise
-                time.sleep(_TXN_RETRY_S)
+        _retried(lambda: producer.commit_transaction(30), again=KafkaError.retriable, what="commit")
 
     def _abort(self, producer: Producer) -> bool:
         """Abort the open transaction; False when the producer hit a fatal error instead (replace it)."""
-        deadline = time.monotonic() + _FLUSH_S
-        while True:
-            try:
-                producer.abort_transaction(30)
-                return True
-            except KafkaException as exc:
-                if exc.args[0].fatal():
-                    _log.info("load txn abort: %s; a new producer", exc)
-                    return False
-                if time.monotonic() > deadline:
-                    raise
-                _log.info("load txn abort: %s; again", exc)
-                time.sleep(_TXN_RETRY_S)
+        try:
+            _retried(lambda: producer.abort_transaction(30), again=lambda err: not err.fatal(), what="abort")
+        except KafkaException as exc:
+            if not exc.args[0].fatal():
+                raise
+            _log.info("load txn abort: %s; a new producer", exc)
+            return False
+        return True
+
+
+def _retried(call: Callable[[], T], *, again: Callable[[KafkaError], bool], what: str) -> T:
+    """call() until it succeeds; errors that again() accepts are retried for up to _FLUSH_S (the source may be away)."""
+    deadline = time.monotonic() + _FLUSH_S
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not again(exc.args[0]) or time.monotonic() > deadline:
+                raise
+            _log.info("load txn %s: %s; again", what, exc)
+            time.sleep(_TXN_RETRY_S)
