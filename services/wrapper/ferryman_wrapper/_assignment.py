@@ -62,7 +62,10 @@ class SourcePartitions:
         self.sources: dict[PartitionKey, envelope_pb2.SourcePartition] = {}
         self.staging_keys: dict[PartitionKey, bytes] = {}
         self.callback_failure: BaseException | None = None
-        self.resubscribe_due = False
+        self.resubscribe_due = ""
+        """Why the loop must leave and rejoin the group ("" when it need not)."""
+        self.rejoin_after_first_assignment = False
+        """Set for a replacement consumer: its first assignment is followed by a rejoin (see ``on_assign``)."""
 
     def restart(self, key: PartitionKey, next_offset: int, logical: int | None = None) -> None:
         """(Re)start reading key at next_offset (or a logical offset) under a new epoch.
@@ -89,7 +92,17 @@ class SourcePartitions:
 
     # ------------------------------------------------------------ callbacks
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Rebalance callback: start the new partitions (callbacks must not raise)."""
+        """Rebalance callback: start the new partitions (callbacks must not raise).
+
+        A replacement consumer (static membership) takes over the stored assignment of the member it replaces
+        without a rebalance. If that member was given up halfway through a cooperative rebalance, the
+        partitions it was to revoke belong to nobody, and nothing would ever start another rebalance
+        (measured: 5 minutes of silence on half the partitions in a chaos run, for ever in a probe). So
+        the replacement's first assignment is followed by one rejoin, which assigns them.
+        """
+        if self.rejoin_after_first_assignment:
+            self.rejoin_after_first_assignment = False
+            self.resubscribe_due = "a replacement consumer rejoins once so that no partition is left without an owner"
         if not partitions:
             return
         try:
@@ -101,7 +114,7 @@ class SourcePartitions:
                     len(partitions),
                     exc,
                 )
-                self.resubscribe_due = True
+                self.resubscribe_due = "rejoining to start the partitions that could not be prepared"
                 consumer.incremental_assign(partitions)
                 consumer.pause(partitions)
                 return

@@ -62,7 +62,7 @@ from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
 from ferryman.watchdog import close_or_park, park
 
 from ferryman_wrapper._assignment import SourcePartitions
-from ferryman_wrapper._commits import SourceCommits
+from ferryman_wrapper._commits import SYNC_COMMIT_BUDGET_S, SourceCommits
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
 from ferryman_wrapper._discovery import DeduperDiscovery
 from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
@@ -79,6 +79,8 @@ _STAGING_RETENTION_MS = str(7 * 24 * 3600 * 1000)
 _SERVICE_NAME = "ferryman.v1.WrapperService"
 #: A consumer's close commits nothing and leaves the group; longer means it is stuck.
 _CLOSE_DEADLINE_S = 15.0
+#: Slack beyond the loop's longest blocking step (a flush, then a synchronous commit, both in a revoke).
+_POLL_INTERVAL_SLACK_S = 30.0
 #: Backoff between recovery attempts while a cluster is away (first quick, then capped).
 _RECOVERY_BACKOFF_S = (0.2, 5.0)
 
@@ -207,6 +209,13 @@ class Wrapper:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "topic.metadata.refresh.interval.ms": max(1000, int(self._wc.topic_refresh_interval_s * 1000)),
                 "session.timeout.ms": self._wc.session_timeout_ms,
+                # A consumer given up (parked) keeps heartbeating from librdkafka's thread and stays in the
+                # group until this passes without a poll; every rebalance meanwhile waits for it (librdkafka's
+                # default, 5 min, was one chaos run's 5-minute stall). So: the loop's longest blocking step.
+                "max.poll.interval.ms": max(
+                    self._wc.session_timeout_ms,
+                    int((self._wc.shutdown_timeout_s + SYNC_COMMIT_BUDGET_S + _POLL_INTERVAL_SLACK_S) * 1000),
+                ),
                 "on_commit": self._commits.on_commit,
                 "error_cb": self._on_consumer_error,
             }
@@ -494,8 +503,8 @@ class Wrapper:
             # fetch nothing, with no error, until the client is replaced (confluent-kafka-python #1787).
             self._rebuild_consumer(f"source topic {names} was re-created (new topic id)")
         elif self._parts.resubscribe_due:
-            self._parts.resubscribe_due = False
-            _log.warning("rejoining the source consumer group to start the partitions that could not be prepared")
+            _log.warning("rejoining the source consumer group: %s", self._parts.resubscribe_due)
+            self._parts.resubscribe_due = ""
             self._consumer.unsubscribe()
             self._subscribe(self._subscribed)
 
@@ -595,8 +604,11 @@ class Wrapper:
         self._commits.wedged = False
         self._parts.drop_all()
         # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
+        # A parked member leaves the group by max.poll.interval.ms, or at once when the new one has its
+        # group.instance.id; the new one's first assignment is followed by a rejoin (SourcePartitions.on_assign).
         park(self._consumer)
         self._consumer = self._make_consumer()
+        self._parts.rejoin_after_first_assignment = True
         self._subscribe(self._subscribed)
 
     def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:

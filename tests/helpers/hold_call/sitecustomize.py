@@ -6,7 +6,11 @@ marker file:
 
 * ``commit_transaction``, ``send_offsets_to_transaction``: the deduper's
   transactional call of that name (``Transaction.call``);
-* ``source-commit``: the wrapper's periodic source offset commit.
+* ``source-commit``: the wrapper's periodic source offset commit;
+* ``revoke-commit-wedged``: the wrapper's first hand-over commit of revoked
+  partitions (in the rebalance callback); once released it counts as one that never
+  returned (as if the watchdog had abandoned it), and the wrapper gives its
+  consumer up.
 
 The ``FERRYMAN_TEST_HOLD_AFTER``-th such call (default 10: replication is in
 full swing by then) creates the marker and waits, before it is made, until the
@@ -46,14 +50,19 @@ def _due() -> bool:
     return next(_calls) == _AFTER
 
 
-if _CALL == "source-commit":
+if _CALL in ("source-commit", "revoke-commit-wedged"):
     from ferryman_wrapper import _commits
 
     _real_commit = _commits.SourceCommits.commit
+    _revokes = itertools.count(1)
 
     def _held_commit(self: _commits.SourceCommits, keys: Any = None, *, synchronous: bool = True) -> None:
-        if not synchronous and _due():
+        if _CALL == "source-commit" and not synchronous and _due():
             _hold()
+        elif _CALL == "revoke-commit-wedged" and synchronous and keys is not None and next(_revokes) == 1:
+            _hold()
+            self.wedged = True
+            return
         _real_commit(self, keys, synchronous=synchronous)
 
     _commits.SourceCommits.commit = _held_commit  # type: ignore[method-assign]
