@@ -91,9 +91,18 @@ class StagingPartitions:
         """Build the consumer and subscribe to staging."""
         self._consumer_fatal = None
         self.consumer = self._make_consumer()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
         self.consumer.subscribe(
             [self._staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+
+    def rejoin(self) -> None:
+        """Leave the group and join it again (a rebalance follows: every partition is revoked, then assigned)."""
+        _log.warning("rejoining the staging consumer group")
+        self.consumer.unsubscribe()
+        self._subscribe()
 
     def on_consumer_error(self, err: KafkaError) -> None:
         """error_cb of the staging consumer (a fatal error comes as code _FATAL, the cause in its text)."""

@@ -42,6 +42,7 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
+from ferryman.group_watch import OrphanWatch
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import (
     FenceWindow,
@@ -143,6 +144,8 @@ class Wrapper:
         )
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
+        self._subscribed: list[str] = []
+        self._orphans: OrphanWatch | None = None
         # A missing ACL reported by a consumer callback (a fetch or a group refused): a configuration error
         # raised by the loop (_check_callbacks), never retried as an outage.
         self._consumer_denied: KafkaError | None = None
@@ -322,6 +325,12 @@ class Wrapper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._consumer = self._make_consumer()
+        self._orphans = OrphanWatch(
+            base_config(self._source, f"{self.wrapper_id}-group-watch"),
+            self._names.wrapper_group,
+            lambda: self._subscribed,
+        )
+        self._orphans.start()
         self._start_control()
         _log.info(
             "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s, checksum %s",
@@ -337,6 +346,8 @@ class Wrapper:
         try:
             self._loop()
         finally:
+            if self._orphans is not None:
+                self._orphans.stop()
             self._live.stop()
             self._server.begin_drain()
             self._close()
@@ -502,6 +513,8 @@ class Wrapper:
             # librdkafka keeps the topic ids it has seen: after a re-creation an assigned partition may
             # fetch nothing, with no error, until the client is replaced (confluent-kafka-python #1787).
             self._rebuild_consumer(f"source topic {names} was re-created (new topic id)")
+        elif self._orphans is not None and self._orphans.take():
+            self._parts.resubscribe_due = "source partitions owned by no member of the group (ferryman.group_watch)"
         elif self._parts.resubscribe_due:
             _log.warning("rejoining the source consumer group: %s", self._parts.resubscribe_due)
             self._parts.resubscribe_due = ""
