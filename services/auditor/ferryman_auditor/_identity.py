@@ -37,6 +37,9 @@ Int64s = npt.NDArray[np.int64]
 
 #: Which coder ``content_keys`` takes by default, for logs.
 CODER = "compiled (_codes)" if _codes is not None else "Arrow kernels (the compiled coder is not built)"
+#: Whether ``content_keys`` gives dense codes by default: each first key the row of the first record with the
+#: same content (below the table's row count), each second key 0 (``_align.Rows.code_bound``).
+DENSE = _codes is not None
 
 #: Timestamp types are -1 (none), 0 (create time) and 1 (log-append time): three values.
 _TYPES = 3
