@@ -175,17 +175,19 @@ def _validity(array: pa.Array) -> npt.NDArray[np.uint8] | None:
     return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
 
 
-def _offsets(array: pa.Array, n: int) -> Int64s:
-    """The n + 1 offsets of a binary, string or list array as int64, its own offset applied."""
-    width = np.int64 if array.type in (pa.large_binary(), pa.large_string()) else np.int32
+def _offsets(array: pa.Array, n: int) -> npt.NDArray[np.int32] | Int64s:
+    """The n + 1 offsets of a binary, string or list array as Arrow holds them (int32 or int64), its offset applied."""
+    large = (pa.large_binary(), pa.large_string())
+    width = np.int64 if array.type in large or pa.types.is_large_list(array.type) else np.int32
     buffer = array.buffers()[1]
     if buffer is None:
-        return np.zeros(n + 1, dtype=np.int64)
-    raw = np.frombuffer(buffer, dtype=width)[array.offset : array.offset + n + 1]
-    return np.ascontiguousarray(raw, dtype=np.int64)
+        return np.zeros(n + 1, dtype=width)
+    return np.frombuffer(buffer, dtype=width)[array.offset : array.offset + n + 1]
 
 
-def _binary_parts(array: pa.Array) -> tuple[npt.NDArray[np.uint8] | None, Int64s, npt.NDArray[np.uint8]]:
+def _binary_parts(
+    array: pa.Array,
+) -> tuple[npt.NDArray[np.uint8] | None, npt.NDArray[np.int32] | Int64s, npt.NDArray[np.uint8]]:
     """(validity, offsets, data) of a binary or string array, as the compiled coder takes them."""
     data = array.buffers()[2]
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
