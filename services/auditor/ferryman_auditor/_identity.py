@@ -177,12 +177,12 @@ def _validity(array: pa.Array) -> npt.NDArray[np.uint8] | None:
 
 def _offsets(array: pa.Array, n: int) -> npt.NDArray[np.int32] | Int64s:
     """The n + 1 offsets of a binary, string or list array as Arrow holds them (int32 or int64), its offset applied."""
-    large = (pa.large_binary(), pa.large_string())
-    width = np.int64 if array.type in large or pa.types.is_large_list(array.type) else np.int32
     buffer = array.buffers()[1]
-    if buffer is None:
-        return np.zeros(n + 1, dtype=width)
-    return np.frombuffer(buffer, dtype=width)[array.offset : array.offset + n + 1]
+    if array.type in (pa.large_binary(), pa.large_string()) or pa.types.is_large_list(array.type):
+        wide: Int64s = np.zeros(n + 1, np.int64) if buffer is None else np.frombuffer(buffer, np.int64)
+        return wide[array.offset : array.offset + n + 1] if buffer is not None else wide
+    narrow: npt.NDArray[np.int32] = np.zeros(n + 1, np.int32) if buffer is None else np.frombuffer(buffer, np.int32)
+    return narrow[array.offset : array.offset + n + 1] if buffer is not None else narrow
 
 
 def _binary_parts(
