@@ -108,6 +108,18 @@ def test_codes_outside_the_bound_are_refused() -> None:
         classify(_both_rows([1], [1], [], [], [0])[1], Leading.COUNT, 0, 1, compiled=True)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=30), st.lists(st.integers(-2, 33), max_size=30))
+def test_offsets_are_located_as_numpy_finds_them(haystack: list[int], needles: list[int]) -> None:
+    hay = np.asarray(sorted(haystack), dtype=np.int64)  # with repeats: the first equal entry counts
+    for order in (sorted(needles), needles):  # merged, and searched where they do not ascend
+        wanted = np.asarray(order, dtype=np.int64)
+        at = np.searchsorted(hay, wanted)
+        present = [bool(a < len(hay) and hay[a] == w) for a, w in zip(at.tolist(), order, strict=True)]
+        expected = [a if p else -1 for a, p in zip(at.tolist(), present, strict=True)]
+        assert _pairs.locate(hay, wanted).tolist() == expected
+
+
 _contents = st.lists(st.integers(0, 6), max_size=40)
 
 

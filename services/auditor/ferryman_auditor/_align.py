@@ -24,10 +24,11 @@ source order (records minus the longest run in order).
 
 Keys are paired by sorting both sides' keys together, unless they are dense
 codes (``Rows.code_bound``, what the compiled coder gives) and the compiled
-pairing (``_pairs``) is built: occurrences are then counted in arrays indexed
-by code, in linear time. Both find the same pairs (a unit test holds the two
-paths' outcomes equal on random inputs). Where an order is already known (each
-side's offsets ascend), nothing is sorted again.
+pairings (``_pairs``) are built: occurrences are then counted in arrays indexed
+by code, in linear time, and the map's offsets are found by merging. Both find
+the same pairs (a unit test holds the two paths' outcomes equal on random
+inputs). Where an order is already known (each side's offsets ascend), nothing
+is sorted again.
 """
 
 from __future__ import annotations
@@ -142,9 +143,10 @@ def classify(
 
     ``[range_start, range_end)`` is the audited source range: offset-map entries
     inside it whose source record is gone (compacted away since it was copied)
-    make their copies unverifiable, in both alignments. ``compiled``: pair dense
-    codes with the compiled pairing (True; it must be built), by sorting (False),
-    or compiled where it applies (None: built and ``rows.code_bound`` set).
+    make their copies unverifiable, in both alignments. ``compiled``: the compiled
+    pairings (True: ``_pairs`` must be built and the keys dense codes), numpy's
+    sorts and searches (False: the reference), or the compiled ones where they
+    apply (None: dense codes are paired compiled, offsets always looked up so).
 
     Raises:
         RuntimeError: the compiled pairing was asked for and is not built, or the keys are not dense codes.
@@ -152,7 +154,7 @@ def classify(
     if compiled and (_pairs is None or rows.code_bound is None):
         raise RuntimeError("the compiled pairing needs ferryman_auditor._pairs built and dense codes (code_bound)")
     bound = rows.code_bound if compiled is not False and _pairs is not None else None
-    by_map, gone = _by_map(rows, range_start, range_end, bound)
+    by_map, gone = _by_map(rows, range_start, range_end, bound, compiled is not False)
     content, next_destination, samples = _by_content(rows, leading, gone, bound)
     return Outcome(content, by_map, next_destination, samples)
 
@@ -343,24 +345,36 @@ def _equal(left: npt.NDArray[np.void], i: Int64s, right: npt.NDArray[np.void], j
     return out
 
 
+def _locate(haystack: Int64s, needles: Int64s, compiled: bool) -> Int64s:
+    """Each needle's position in the ascending haystack, or -1 where no entry equals it."""
+    if compiled and _pairs is not None:
+        return _pairs.locate(np.ascontiguousarray(haystack), np.ascontiguousarray(needles))
+    at = np.searchsorted(haystack, needles)
+    clipped = np.minimum(at, max(len(haystack) - 1, 0))
+    hit = (at < len(haystack)) & (haystack[clipped] == needles) if len(haystack) else np.zeros(len(at), bool)
+    out: Int64s = np.where(hit, at, -1).astype(np.int64)
+    return out
+
+
 def _by_map(
-    rows: Rows, range_start: int, range_end: int, bound: int | None
+    rows: Rows, range_start: int, range_end: int, bound: int | None, compiled: bool
 ) -> tuple[Counts | None, npt.NDArray[np.bool_]]:
     """The map alignment, and which destination records copy source records that are gone."""
     eo, eh, fo, fh = rows.expected_offsets, rows.expected_hashes, rows.found_offsets, rows.found_hashes
     ms, md = rows.map_source, rows.map_destination
-    in_range = np.isin(ms, eo) if len(eo) else np.zeros(len(ms), dtype=bool)
+    at_e = _locate(eo, ms, compiled)  # each mapping's expected record, or -1
+    at_f = _locate(fo, md, compiled)  # each mapping's copy in the window, or -1
+    in_range = at_e >= 0
     # Mappings of source offsets in the range with no source record: compacted away since they were copied.
     gone = (~in_range) & (ms >= range_start) & (ms < range_end)
-    gone_copies = np.isin(fo, md[gone])
+    gone_copies = np.zeros(len(fo), dtype=bool)
+    gone_copies[at_f[gone & (at_f >= 0)]] = True
     if not in_range.any():
         return None, gone_copies
-    e_pos = np.searchsorted(eo, ms[in_range])
-    f_pos = np.searchsorted(fo, md[in_range])
-    f_pos_clipped = np.minimum(f_pos, max(len(fo) - 1, 0))
-    copied = (f_pos < len(fo)) & (fo[f_pos_clipped] == md[in_range]) if len(fo) else np.zeros(len(e_pos), bool)
+    e_pos, f_pos = at_e[in_range], at_f[in_range]
+    copied = f_pos >= 0
     same = np.zeros(len(e_pos), dtype=bool)
-    same[copied] = _equal(eh, e_pos[copied], fh, f_pos_clipped[copied])
+    same[copied] = _equal(eh, e_pos[copied], fh, f_pos[copied])
     mapped_e = np.zeros(len(eo), dtype=bool)
     mapped_e[e_pos[copied]] = True
     copied_destinations = md[in_range][copied]
@@ -368,7 +382,8 @@ def _by_map(
     if not _ascending(copied_sources):  # the map's entries come sorted by source offset: then nothing to sort
         copied_destinations = copied_destinations[np.argsort(copied_sources, kind="stable")]
     reordered = out_of_order(copied_destinations)
-    loose = ~np.isin(fo, md)
+    loose = np.ones(len(fo), dtype=bool)
+    loose[at_f[at_f >= 0]] = False
     dup = _isin(fh[loose], eh, bound)
     counts = Counts(
         found=int(same.sum()),
