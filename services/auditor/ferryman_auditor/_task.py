@@ -109,7 +109,12 @@ def expand_mappings(values: Iterable[bytes | None], topic: str, partition: int) 
         m = state_pb2.OffsetMapping.FromString(raw)
         if m.source.topic != topic or m.source.partition != partition:
             continue
-        src = np.asarray(mapped_source_offsets(m), dtype=np.int64)
+        offsets = mapped_source_offsets(m)
+        # Consecutive offsets (the usual form) as one arange: asarray would take the range's ints one by one.
+        if isinstance(offsets, range):
+            src = np.arange(offsets.start, offsets.stop, dtype=np.int64)
+        else:
+            src = np.asarray(offsets, dtype=np.int64)
         sources.append(src)
         destinations.append(m.first_destination_offset + np.arange(len(src), dtype=np.int64))
     if not sources:
