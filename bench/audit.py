@@ -42,6 +42,7 @@ import psutil
 from ferryman.config import load_config
 from ferryman.service import tune_gc
 from ferryman_auditor import AuditRange, run_audit, spark_session
+from ferryman_auditor._align import PAIRING
 from ferryman_auditor._identity import CODER
 from ferryman_auditor.kafka_source._reader import compiled_path
 from ferryman_local import LocalCluster, start_clusters
@@ -183,7 +184,10 @@ def _audit(args: argparse.Namespace, config_path: Path) -> tuple[float, list[Rat
     _log(f"Spark session ({args.master}) started in {start_s:.1f} s")
     why_not = compiled_path()
     reader = "compiled (_spanread)" if why_not is None else f"consume() ({why_not})"
-    _log(f"this process's audit paths (executors import the same package): span reader {reader}, codes {CODER}")
+    _log(
+        f"this process's audit paths (executors import the same package): span reader {reader}, codes {CODER}, "
+        f"pairing {PAIRING}"
+    )
     rates: list[Rate] = []
     faults: list[str] = []
     try:

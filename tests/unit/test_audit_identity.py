@@ -132,6 +132,24 @@ def test_the_coders_tell_the_same_records_apart() -> None:
     assert _same_partition(_identities(records[:600], "arrow"), _identities(records[:600], "colliding"))
 
 
+def test_the_compiled_coder_reads_64_bit_offsets_as_it_reads_32_bit_ones() -> None:
+    """Arrow's large types (a column past 2 GiB) hold 64-bit offsets: the coder reads both widths in place."""
+    rng = random.Random(64)
+    table = _table([_random_record(rng) for _ in range(400)], chunk=50)
+    entry = pa.struct([pa.field("key", pa.large_string()), pa.field("value", pa.large_binary())])
+    large = pa.schema(
+        [
+            pa.field("key", pa.large_binary()),
+            pa.field("value", pa.large_binary()),
+            pa.field("headers", pa.large_list(entry)),
+            *(table.schema.field(c) for c in ("timestamp", "timestamp_type")),
+        ]
+    )
+    narrow, wide = compiled_codes(table), compiled_codes(table.cast(large))
+    assert narrow.tolist() == wide.tolist()
+    assert len(set(narrow.tolist())) > 100  # many contents, each told apart
+
+
 def test_mappings_of_one_partition_in_source_order() -> None:
     def raw(topic: str, partition: int, first_dest: int, offsets: list[int]) -> bytes:
         source = envelope_pb2.SourcePartition(topic=topic, partition=partition)

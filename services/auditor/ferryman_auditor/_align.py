@@ -21,6 +21,14 @@ destination records no mapping points at are duplicated or unexpected as above.
 
 **Reordered** counts, in both, the fewest records that must move to restore the
 source order (records minus the longest run in order).
+
+Keys are paired by sorting both sides' keys together, unless they are dense
+codes (``Rows.code_bound``, what the compiled coder gives) and the compiled
+pairings (``_pairs``) are built: occurrences are then counted in arrays indexed
+by code, in linear time, and the map's offsets are found by merging. Both find
+the same pairs (a unit test holds the two paths' outcomes equal on random
+inputs). Where an order is already known (each side's offsets ascend), nothing
+is sorted again.
 """
 
 from __future__ import annotations
@@ -32,7 +40,15 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 
+try:
+    from ferryman_auditor import _pairs
+except ImportError:  # not built (no C compiler at install): keys are paired by sorting
+    _pairs = None  # type: ignore[assignment]
+
 Int64s = npt.NDArray[np.int64]
+
+#: Which pairing ``classify`` takes for dense codes, for logs.
+PAIRING = "compiled (_pairs)" if _pairs is not None else "sorting (the compiled pairing is not built)"
 
 
 class Side(IntEnum):
@@ -91,6 +107,9 @@ class Rows:
     lookahead_hashes: npt.NDArray[np.void]
     map_source: Int64s
     map_destination: Int64s
+    code_bound: int | None = None
+    """When set, every key is a dense code: its second half is 0 and its first half lies in ``[0, code_bound)``
+    (the compiled coder's row numbers). The keys can then be paired without sorting."""
 
 
 @dataclass(frozen=True)
@@ -117,15 +136,26 @@ def hashes(h1: npt.ArrayLike, h2: npt.ArrayLike) -> npt.NDArray[np.void]:
     return pair.view("V16")
 
 
-def classify(rows: Rows, leading: Leading, range_start: int, range_end: int) -> Outcome:
+def classify(
+    rows: Rows, leading: Leading, range_start: int, range_end: int, *, compiled: bool | None = None
+) -> Outcome:
     """Align one partition both ways and count what each finds.
 
     ``[range_start, range_end)`` is the audited source range: offset-map entries
     inside it whose source record is gone (compacted away since it was copied)
-    make their copies unverifiable, in both alignments.
+    make their copies unverifiable, in both alignments. ``compiled``: the compiled
+    pairings (True: ``_pairs`` must be built and the keys dense codes), numpy's
+    sorts and searches (False: the reference), or the compiled ones where they
+    apply (None: dense codes are paired compiled, offsets always looked up so).
+
+    Raises:
+        RuntimeError: the compiled pairing was asked for and is not built, or the keys are not dense codes.
     """
-    by_map, gone = _by_map(rows, range_start, range_end)
-    content, next_destination, samples = _by_content(rows, leading, gone)
+    if compiled and (_pairs is None or rows.code_bound is None):
+        raise RuntimeError("the compiled pairing needs ferryman_auditor._pairs built and dense codes (code_bound)")
+    bound = rows.code_bound if compiled is not False and _pairs is not None else None
+    by_map, gone = _by_map(rows, range_start, range_end, bound, compiled is not False)
+    content, next_destination, samples = _by_content(rows, leading, gone, bound)
     return Outcome(content, by_map, next_destination, samples)
 
 
@@ -152,10 +182,20 @@ def _key_runs(*sides: npt.NDArray[np.void]) -> tuple[Int64s, Int64s, Int64s]:
     return order.astype(np.int64), side, np.cumsum(starts) - 1
 
 
-def _isin(keys: npt.NDArray[np.void], pool: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
-    """For each key, whether pool holds an equal key."""
+def _codes(keys: npt.NDArray[np.void]) -> Int64s:
+    """The dense codes of keys (their first halves), contiguous."""
+    return np.ascontiguousarray(_halves(keys)[0])
+
+
+def _isin(keys: npt.NDArray[np.void], pool: npt.NDArray[np.void], bound: int | None = None) -> npt.NDArray[np.bool_]:
+    """For each key, whether pool holds an equal key (``bound``: the keys are dense codes below it)."""
     if not len(keys) or not len(pool):
         return np.zeros(len(keys), dtype=bool)
+    if bound is not None:
+        held = np.zeros(bound, dtype=bool)
+        held[_codes(pool)] = True
+        out: npt.NDArray[np.bool_] = held[_codes(keys)]
+        return out
     order, side, run = _key_runs(pool, keys)
     pooled = np.zeros(int(run[-1]) + 1, dtype=bool)
     pooled[run[side == 0]] = True
@@ -164,10 +204,15 @@ def _isin(keys: npt.NDArray[np.void], pool: npt.NDArray[np.void]) -> npt.NDArray
     return out[len(pool) :]
 
 
-def _match(left: npt.NDArray[np.void], right: npt.NDArray[np.void]) -> tuple[Int64s, Int64s]:
-    """Indices (i, j) pairing the k-th occurrence of a key in left with its k-th occurrence in right."""
+def _match(left: npt.NDArray[np.void], right: npt.NDArray[np.void], bound: int | None = None) -> tuple[Int64s, Int64s]:
+    """Indices (i, j) pairing the k-th occurrence of a key in left with its k-th occurrence in right.
+
+    ``bound``: the keys are dense codes below it, paired by the compiled pairing (i then ascends).
+    """
     if not len(left) or not len(right):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if bound is not None and _pairs is not None:
+        return _pairs.match(_codes(left), _codes(right), bound)
     order, side, run = _key_runs(left, right)
     n = len(order)
     # Within a run the left keys come first, then the right ones, each in input order: number them per side.
@@ -215,17 +260,25 @@ def _first_per_gap(gaps: Int64s, take: Int64s) -> npt.NDArray[np.bool_]:
     return (np.arange(len(gaps)) - first) < take[gaps]
 
 
-def _by_content(rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_]) -> tuple[Counts, int, dict[str, list[int]]]:
+def _ascending(values: Int64s) -> bool:
+    """Whether values never decrease (a stable sort by them changes nothing)."""
+    return len(values) < 2 or bool(np.all(values[1:] >= values[:-1]))
+
+
+def _by_content(
+    rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_], bound: int | None
+) -> tuple[Counts, int, dict[str, list[int]]]:
     eo, eh, fo, fh = rows.expected_offsets, rows.expected_hashes, rows.found_offsets, rows.found_hashes
-    ei, fi = _match(eh, fh)
-    order = np.argsort(eo[ei], kind="stable")
-    ei, fi = ei[order], fi[order]
+    ei, fi = _match(eh, fh, bound)
+    if not _ascending(ei):  # the sorting pairing lists pairs by key; the compiled one by expected record already
+        order = np.argsort(ei, kind="stable")  # expected offsets ascend: their order is the records' order
+        ei, fi = ei[order], fi[order]
     reordered = out_of_order(fo[fi])
     matched_e = np.zeros(len(eo), dtype=bool)
     matched_e[ei] = True
     matched_f = np.zeros(len(fo), dtype=bool)
     matched_f[fi] = True
-    matched_f_offsets = np.sort(fo[fi])
+    matched_f_offsets = fo[matched_f]  # destination offsets ascend: masked, they stay sorted
     last_match = int(matched_f_offsets[-1]) if len(fi) else -1
     first_match = int(matched_f_offsets[0]) if len(fi) else None
 
@@ -234,7 +287,7 @@ def _by_content(rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_]) -> tu
     trailing = f_left[fo[f_left] > last_match]
     deferred = np.zeros(len(fo), dtype=bool)
     if len(trailing) and len(rows.lookahead_hashes):
-        ti, _li = _match(fh[trailing], rows.lookahead_hashes)
+        ti, _li = _match(fh[trailing], rows.lookahead_hashes, bound)
         deferred[trailing[ti]] = True
     next_destination = int(fo[deferred].min()) if deferred.any() else -1
     # Accounted destination records must end before the first deferred one: copies come in order.
@@ -250,10 +303,10 @@ def _by_content(rows: Rows, leading: Leading, gone: npt.NDArray[np.bool_]) -> tu
             unverifiable += int(before.sum())
         f_left = f_left[~before]
 
-    dup = _isin(fh[f_left], eh)
+    dup = _isin(fh[f_left], eh, bound)
     others = f_left[~dup]
     e_left = np.flatnonzero(~matched_e)
-    matched_e_offsets = np.sort(eo[ei])
+    matched_e_offsets = eo[matched_e]
     e_gaps = np.searchsorted(matched_e_offsets, eo[e_left]).astype(np.int64)
     f_gaps = np.searchsorted(matched_f_offsets, fo[others]).astype(np.int64)
     altered_e, altered_f = _leftovers(e_gaps, f_gaps, len(ei) + 1)
@@ -284,28 +337,54 @@ def _moved(sequence: Int64s) -> list[int]:
     return moved
 
 
-def _by_map(rows: Rows, range_start: int, range_end: int) -> tuple[Counts | None, npt.NDArray[np.bool_]]:
+def _equal(left: npt.NDArray[np.void], i: Int64s, right: npt.NDArray[np.void], j: Int64s) -> npt.NDArray[np.bool_]:
+    """left[i] == right[j], key by key (compared as int64 halves: numpy compares void keys ~10x slower)."""
+    la, lb = _halves(left)
+    ra, rb = _halves(right)
+    out: npt.NDArray[np.bool_] = (la[i] == ra[j]) & (lb[i] == rb[j])
+    return out
+
+
+def _locate(haystack: Int64s, needles: Int64s, compiled: bool) -> Int64s:
+    """Each needle's position in the ascending haystack, or -1 where no entry equals it."""
+    if compiled and _pairs is not None:
+        return _pairs.locate(np.ascontiguousarray(haystack), np.ascontiguousarray(needles))
+    at = np.searchsorted(haystack, needles)
+    clipped = np.minimum(at, max(len(haystack) - 1, 0))
+    hit = (at < len(haystack)) & (haystack[clipped] == needles) if len(haystack) else np.zeros(len(at), bool)
+    out: Int64s = np.where(hit, at, -1).astype(np.int64)
+    return out
+
+
+def _by_map(
+    rows: Rows, range_start: int, range_end: int, bound: int | None, compiled: bool
+) -> tuple[Counts | None, npt.NDArray[np.bool_]]:
     """The map alignment, and which destination records copy source records that are gone."""
     eo, eh, fo, fh = rows.expected_offsets, rows.expected_hashes, rows.found_offsets, rows.found_hashes
     ms, md = rows.map_source, rows.map_destination
-    in_range = np.isin(ms, eo) if len(eo) else np.zeros(len(ms), dtype=bool)
+    at_e = _locate(eo, ms, compiled)  # each mapping's expected record, or -1
+    at_f = _locate(fo, md, compiled)  # each mapping's copy in the window, or -1
+    in_range = at_e >= 0
     # Mappings of source offsets in the range with no source record: compacted away since they were copied.
     gone = (~in_range) & (ms >= range_start) & (ms < range_end)
-    gone_copies = np.isin(fo, md[gone])
+    gone_copies = np.zeros(len(fo), dtype=bool)
+    gone_copies[at_f[gone & (at_f >= 0)]] = True
     if not in_range.any():
         return None, gone_copies
-    e_pos = np.searchsorted(eo, ms[in_range])
-    f_pos = np.searchsorted(fo, md[in_range])
-    f_pos_clipped = np.minimum(f_pos, max(len(fo) - 1, 0))
-    copied = (f_pos < len(fo)) & (fo[f_pos_clipped] == md[in_range]) if len(fo) else np.zeros(len(e_pos), bool)
+    e_pos, f_pos = at_e[in_range], at_f[in_range]
+    copied = f_pos >= 0
     same = np.zeros(len(e_pos), dtype=bool)
-    same[copied] = eh[e_pos[copied]] == fh[f_pos_clipped[copied]]
+    same[copied] = _equal(eh, e_pos[copied], fh, f_pos[copied])
     mapped_e = np.zeros(len(eo), dtype=bool)
     mapped_e[e_pos[copied]] = True
-    order = np.argsort(ms[in_range][copied], kind="stable")
-    reordered = out_of_order(md[in_range][copied][order])
-    loose = ~np.isin(fo, md)
-    dup = _isin(fh[loose], eh)
+    copied_destinations = md[in_range][copied]
+    copied_sources = ms[in_range][copied]
+    if not _ascending(copied_sources):  # the map's entries come sorted by source offset: then nothing to sort
+        copied_destinations = copied_destinations[np.argsort(copied_sources, kind="stable")]
+    reordered = out_of_order(copied_destinations)
+    loose = np.ones(len(fo), dtype=bool)
+    loose[at_f[at_f >= 0]] = False
+    dup = _isin(fh[loose], eh, bound)
     counts = Counts(
         found=int(same.sum()),
         missing=int((~mapped_e).sum()),

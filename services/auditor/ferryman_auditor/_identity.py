@@ -37,6 +37,9 @@ Int64s = npt.NDArray[np.int64]
 
 #: Which coder ``content_keys`` takes by default, for logs.
 CODER = "compiled (_codes)" if _codes is not None else "Arrow kernels (the compiled coder is not built)"
+#: Whether ``content_keys`` gives dense codes by default: each first key the row of the first record with the
+#: same content (below the table's row count), each second key 0 (``_align.Rows.code_bound``).
+DENSE = _codes is not None
 
 #: Timestamp types are -1 (none), 0 (create time) and 1 (log-append time): three values.
 _TYPES = 3
@@ -172,17 +175,19 @@ def _validity(array: pa.Array) -> npt.NDArray[np.uint8] | None:
     return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
 
 
-def _offsets(array: pa.Array, n: int) -> Int64s:
-    """The n + 1 offsets of a binary, string or list array as int64, its own offset applied."""
-    width = np.int64 if array.type in (pa.large_binary(), pa.large_string()) else np.int32
+def _offsets(array: pa.Array, n: int) -> npt.NDArray[np.int32] | Int64s:
+    """The n + 1 offsets of a binary, string or list array as Arrow holds them (int32 or int64), its offset applied."""
     buffer = array.buffers()[1]
-    if buffer is None:
-        return np.zeros(n + 1, dtype=np.int64)
-    raw = np.frombuffer(buffer, dtype=width)[array.offset : array.offset + n + 1]
-    return np.ascontiguousarray(raw, dtype=np.int64)
+    if array.type in (pa.large_binary(), pa.large_string()) or pa.types.is_large_list(array.type):
+        wide: Int64s = np.zeros(n + 1, np.int64) if buffer is None else np.frombuffer(buffer, np.int64)
+        return wide[array.offset : array.offset + n + 1] if buffer is not None else wide
+    narrow: npt.NDArray[np.int32] = np.zeros(n + 1, np.int32) if buffer is None else np.frombuffer(buffer, np.int32)
+    return narrow[array.offset : array.offset + n + 1] if buffer is not None else narrow
 
 
-def _binary_parts(array: pa.Array) -> tuple[npt.NDArray[np.uint8] | None, Int64s, npt.NDArray[np.uint8]]:
+def _binary_parts(
+    array: pa.Array,
+) -> tuple[npt.NDArray[np.uint8] | None, npt.NDArray[np.int32] | Int64s, npt.NDArray[np.uint8]]:
     """(validity, offsets, data) of a binary or string array, as the compiled coder takes them."""
     data = array.buffers()[2]
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)

@@ -19,7 +19,7 @@ from ferryman.state import mapped_source_offsets
 from ferryman.v1 import state_pb2
 
 from ferryman_auditor._align import Outcome, Rows, classify, hashes
-from ferryman_auditor._identity import content_keys
+from ferryman_auditor._identity import DENSE, content_keys
 from ferryman_auditor._plan import PartitionPlan
 from ferryman_auditor.kafka_source._planning import OffsetSpan
 from ferryman_auditor.kafka_source._reader import read_span
@@ -58,7 +58,8 @@ def run_task(task: PartitionTask, config: TaskConfig) -> Outcome:
         config.destination,
         config,
     )
-    first, second = content_keys(pa.concat_tables([source, found]))
+    both = pa.concat_tables([source, found])
+    first, second = content_keys(both)
     keys = hashes(first, second)
     source_offsets = np.asarray(source.column("offset").to_numpy(), dtype=np.int64)
     expected = source_offsets < plan.source_end
@@ -72,6 +73,7 @@ def run_task(task: PartitionTask, config: TaskConfig) -> Outcome:
         lookahead_hashes=keys[:n_source][~expected],
         map_source=map_source,
         map_destination=map_destination,
+        code_bound=both.num_rows if DENSE else None,
     )
     return classify(rows, plan.leading, plan.range_start, plan.source_end)
 
@@ -107,7 +109,12 @@ def expand_mappings(values: Iterable[bytes | None], topic: str, partition: int) 
         m = state_pb2.OffsetMapping.FromString(raw)
         if m.source.topic != topic or m.source.partition != partition:
             continue
-        src = np.asarray(mapped_source_offsets(m), dtype=np.int64)
+        offsets = mapped_source_offsets(m)
+        # Consecutive offsets (the usual form) as one arange: asarray would take the range's ints one by one.
+        if isinstance(offsets, range):
+            src = np.arange(offsets.start, offsets.stop, dtype=np.int64)
+        else:
+            src = np.asarray(offsets, dtype=np.int64)
         sources.append(src)
         destinations.append(m.first_destination_offset + np.arange(len(src), dtype=np.int64))
     if not sources:

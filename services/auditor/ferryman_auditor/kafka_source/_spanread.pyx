@@ -25,7 +25,9 @@ heads confluent-kafka's ``Handle``. ``bind()`` says why not when it cannot,
 and the reader then uses ``consume()``.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytearray cimport (
+    PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE, PyByteArray_Resize,
+)
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -217,6 +219,54 @@ cdef class _Binary:
         return (self.validity.done() if self.nulls else None), self.offsets.done(), self.data.done(), self.nulls
 
 
+cdef class _Sized:
+    """One binary column of a known row count and size (a batch's keys or values): written in place, no growth.
+
+    The first pass over a batch counts the bytes, so the buffers are allocated
+    once and each value is one ``memcpy`` (``_Binary.append`` checks and grows
+    at every call: ~10 % of a read's CPU for two columns).
+    """
+
+    cdef bytearray validity
+    cdef bytearray offsets
+    cdef bytearray data
+    cdef char* bits
+    cdef int32_t* offs
+    cdef char* bytes_
+    cdef Py_ssize_t used
+    cdef Py_ssize_t nulls
+
+    def __cinit__(self, Py_ssize_t rows, Py_ssize_t size):
+        if size >= 2**31:
+            raise OverflowError("more than 2 GiB in one column of one batch")
+        self.validity = bytearray((rows + 7) // 8)  # zeroed: every bit is set or left null below
+        self.offsets = PyByteArray_FromStringAndSize(NULL, (rows + 1) * 4)
+        self.data = PyByteArray_FromStringAndSize(NULL, size)
+        self.bits = PyByteArray_AS_STRING(self.validity)
+        self.offs = <int32_t*>PyByteArray_AS_STRING(self.offsets)
+        self.bytes_ = PyByteArray_AS_STRING(self.data)
+        self.offs[0] = 0
+        self.used = 0
+        self.nulls = 0
+
+    cdef inline void put(self, Py_ssize_t row, const char* p, Py_ssize_t length) noexcept nogil:
+        """Row's value (p NULL: null); rows come in order, and their lengths add up to the size given."""
+        if p != NULL:
+            _set_bit(self.bits, row)
+            if length:
+                memcpy(self.bytes_ + self.used, p, length)
+            self.used += length
+        else:
+            self.nulls += 1
+        self.offs[row + 1] = <int32_t>self.used
+
+    def parts(self):
+        """(validity or None, offsets, data, null count), as ``_Binary.parts``."""
+        if PyByteArray_GET_SIZE(self.data) != self.used:  # never, when the sizes given were exact
+            PyByteArray_Resize(self.data, self.used)
+        return (self.validity if self.nulls else None), self.offsets, self.data, self.nulls
+
+
 cdef class SpanReader:
     """Reads one partition of one consumer as Arrow column buffers.
 
@@ -325,15 +375,16 @@ cdef class SpanReader:
                 past_end = True
             elif not past_end:
                 n += 1
-                value_bytes += m.len
-                key_bytes += m.key_len
+                value_bytes += m.len if m.payload != NULL else 0
+                key_bytes += m.key_len if m.key != NULL else 0
         error = None
         if error_code != 0:
             error = (error_code, _err2str(error_code).decode("utf-8", "replace"))
         if n == 0:
             return None, eof, past_end, error
-        keys = _Binary(n, key_bytes)
-        values = _Binary(n, value_bytes)
+        # The sizes counted are exact: the same records, the same lengths, nulls counted as 0 both times.
+        cdef _Sized keys = _Sized(n, key_bytes)
+        cdef _Sized values = _Sized(n, value_bytes)
         offsets = _Grow(n * 8)
         stamps = _Grow(n * 8)
         types = _Grow(n * 4)
@@ -364,8 +415,8 @@ cdef class SpanReader:
                 continue
             if m.offset >= end:
                 break
-            keys.append(m.key, m.key_len, m.key != NULL)
-            values.append(m.payload, m.len, m.payload != NULL)
+            keys.put(j, m.key, m.key_len if m.key != NULL else 0)
+            values.put(j, m.payload, m.len if m.payload != NULL else 0)
             off_p[j] = m.offset
             ts_p[j] = _message_timestamp(m, &tstype) * 1000
             type_p[j] = tstype - 1  # librdkafka's 0/1/2 as Kafka's -1/0/1
