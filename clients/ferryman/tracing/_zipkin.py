@@ -1,0 +1,100 @@
+"""Record spans as Zipkin JSON v2, made from templates, posted with the SDK Zipkin exporter's session.
+
+`ZipkinBatches` writes the list the SDK's Zipkin exporter would send (same
+fields and tags), each `SpanShape`'s part encoded once, and posts it with that
+exporter's session, endpoint and timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+from opentelemetry.exporter.zipkin.encoder import DEFAULT_MAX_TAG_VALUE_LENGTH
+from opentelemetry.exporter.zipkin.json import ZipkinExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind
+
+from ferryman.tracing._lean import ERROR, OK, AttributeValue, RecordSpan, SpanShape
+
+_log = logging.getLogger(__name__)
+
+_ZIPKIN_KIND = {SpanKind.SERVER: "SERVER", SpanKind.CLIENT: "CLIENT", SpanKind.PRODUCER: "PRODUCER"}
+_ZIPKIN_KIND[SpanKind.CONSUMER] = "CONSUMER"
+#: HTTP statuses Zipkin answers a stored batch with (as the SDK's exporter checks).
+_ZIPKIN_OK = (200, 202)
+
+
+def _tag(value: AttributeValue) -> str:
+    """A JSON tag value: a string, cut at the SDK encoder's default length."""
+    return json.dumps(str(value)[:DEFAULT_MAX_TAG_VALUE_LENGTH])
+
+
+class ZipkinBatches:
+    """Zipkin JSON v2 made from templates, posted with the SDK Zipkin exporter's session and settings."""
+
+    def __init__(self, exporter: ZipkinExporter, service_name: str, scope: InstrumentationScope) -> None:
+        self.exporter = exporter
+        node = exporter.local_node
+        node.service_name = service_name
+        endpoint: dict[str, Any] = {"serviceName": service_name}
+        endpoint.update((k, str(v)) for k, v in (("ipv4", node.ipv4), ("ipv6", node.ipv6)) if v is not None)
+        if node.port is not None:
+            endpoint["port"] = node.port
+        self._endpoint = json.dumps(endpoint, separators=(",", ":"))
+        self._scope_tags = {"otel.library.name": scope.name, "otel.scope.name": scope.name}
+        self._shapes: dict[int, tuple[SpanShape, str]] = {}
+
+    def _shape(self, shape: SpanShape) -> str:
+        """The JSON from ``"name"`` to the open tags object, with the shape's tags (encoded once per shape)."""
+        known = self._shapes.get(id(shape))
+        if known is not None and known[0] is shape:
+            return known[1]
+        kind = _ZIPKIN_KIND.get(shape.kind)
+        tags = {**shape.attributes, **self._scope_tags}
+        head = (
+            f'"name":{json.dumps(shape.name)},"localEndpoint":{self._endpoint},'
+            + (f'"kind":"{kind}",' if kind else "")
+            + '"tags":{'
+            + ",".join(f"{json.dumps(k)}:{_tag(v)}" for k, v in tags.items())
+        )
+        self._shapes[id(shape)] = (shape, head)  # the shape is kept alive, so its id is not reused
+        return head
+
+    def encode(self, spans: Sequence[RecordSpan]) -> str:
+        """The JSON v2 list of spans."""
+        out = []
+        shape_of = self._shape
+        for s in spans:
+            varying = "".join(f',"{k}":{_tag(v)}' for k, v in s.attributes)
+            if s.status == OK:
+                varying += ',"otel.status_code":"OK"'
+            elif s.status == ERROR:
+                varying += f',"otel.status_code":"ERROR","error":{_tag(s.message)}'
+            parent = f'"parentId":"{s.parent_id:016x}",' if s.parent_id else ""
+            out.append(
+                f'{{"traceId":"{s.trace_id:032x}","id":"{s.span_id:016x}",{parent}'
+                f'"timestamp":{(s.start_ns + 500) // 1000},"duration":{(s.end_ns - s.start_ns + 500) // 1000},'
+                f'{shape_of(s.shape)}{varying}}},"debug":true}}'
+            )
+        return "[" + ",".join(out) + "]"
+
+    def export(self, spans: Sequence[RecordSpan]) -> bool:
+        """Encode and post; False (logged) when Zipkin is unreachable or refuses the batch."""
+        exporter = self.exporter
+        try:
+            answer = exporter.session.post(url=exporter.endpoint, data=self.encode(spans), timeout=exporter.timeout)
+        except requests.RequestException as exc:
+            _log.warning("tracing: %d record spans not sent to %s: %s", len(spans), exporter.endpoint, exc)
+            return False
+        if answer.status_code not in _ZIPKIN_OK:
+            _log.warning("tracing: Zipkin refused %d record spans: %s %s", len(spans), answer.status_code, answer.text)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Close the session."""
+        self.exporter.shutdown()
