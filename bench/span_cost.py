@@ -70,7 +70,7 @@ def _exporter(kind: str) -> BatchExporter:
     resource = Resource.create({"service.name": "bench"})
     scope = InstrumentationScope("ferryman")
     if kind == "zipkin":
-        return _EncodeOnly(ZipkinBatches(ZipkinExporter(), "bench", scope).encode)
+        return _EncodeOnly(ZipkinBatches(ZipkinExporter(), resource, scope).encode)
     if kind == "otlp":
         return _EncodeOnly(OtlpBatches(HttpSpanExporter(), resource, scope).encode)
     return _Dropped()

@@ -489,7 +489,7 @@ def record_traces_suffix(traces: Iterable[tuple[int, str, str]]) -> bytes:
     """
     out = []
     for offset, traceparent, tracestate in traces:  # RecordTrace: offset = 1, traceparent = 2, tracestate = 3
-        trace = b"\x08" + varint(offset) + len_field(2, traceparent.encode())
+        trace = (b"\x08" + varint(offset) if offset else b"") + len_field(2, traceparent.encode())  # proto3: 0 left out
         if tracestate:
             trace += len_field(3, tracestate.encode())
         out.append(len_field(11, trace))  # Envelope.record_traces = 11

@@ -24,9 +24,10 @@ _STATUS = {0: StatusCode.UNSET, OK: StatusCode.OK, ERROR: StatusCode.ERROR}
 def readable_span(span: RecordSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
     """The SDK span a record span stands for."""
     state = TraceState.from_header([span.tracestate]) if span.tracestate else None
-    context = SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=_SAMPLED, trace_state=state)
+    trace_id = int(span.trace_id, 16)
+    context = SpanContext(trace_id, int(span.span_id, 16), is_remote=False, trace_flags=_SAMPLED, trace_state=state)
     parent = (
-        SpanContext(span.trace_id, span.parent_id, is_remote=span.remote_parent, trace_flags=_SAMPLED)
+        SpanContext(trace_id, int(span.parent_id, 16), is_remote=span.remote_parent, trace_flags=_SAMPLED)
         if span.parent_id
         else None
     )
@@ -34,7 +35,8 @@ def readable_span(span: RecordSpan, resource: Resource, scope: InstrumentationSc
     attributes: dict[str, AttributeValue] = dict(shape.attributes)
     attributes.update(span.attributes)
     links = [
-        Link(SpanContext(link.trace_id, link.span_id, is_remote=False, trace_flags=_SAMPLED)) for link in span.links
+        Link(SpanContext(int(link.trace_id, 16), int(link.span_id, 16), is_remote=False, trace_flags=_SAMPLED))
+        for link in span.links
     ]
     return ReadableSpan(
         name=shape.name,

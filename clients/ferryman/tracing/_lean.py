@@ -49,13 +49,19 @@ class SpanShape:
 
 @dataclass(slots=True, eq=False)
 class RecordSpan:
-    """One span: its ids (non-zero), times (ns since the epoch) and the attributes its shape does not have."""
+    """One span: its ids, times (ns since the epoch) and the attributes its shape does not have.
+
+    Ids are lowercase hex, as ``traceparent`` headers and Zipkin carry them (a
+    record's ids come from and go to headers: no conversion on the data path).
+    """
 
     shape: SpanShape
-    trace_id: int
-    span_id: int
-    parent_id: int
-    """The parent's span id; 0 for a root span."""
+    trace_id: str
+    """32 hex digits, not all zero."""
+    span_id: str
+    """16 hex digits, not all zero."""
+    parent_id: str
+    """The parent's span id; empty for a root span."""
     start_ns: int
     remote_parent: bool = False
     """The parent is another process's span (a ``traceparent``)."""
@@ -71,17 +77,24 @@ class RecordSpan:
     @property
     def traceparent(self) -> str:
         """The ``traceparent`` naming this span as the parent (always sampled: only sampled spans exist)."""
-        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+        return "00-" + self.trace_id + "-" + self.span_id + "-01"
 
 
-def new_span_id() -> int:
-    """A random non-zero 64-bit span id."""
-    return random.getrandbits(64) or 1
+_randbytes = random.randbytes
+_ZERO_SPAN = "0" * 16
+_ZERO_TRACE = "0" * 32
 
 
-def new_trace_id() -> int:
-    """A random non-zero 128-bit trace id."""
-    return random.getrandbits(128) or 1
+def new_span_id() -> str:
+    """A random non-zero 64-bit span id, in hex."""
+    span_id = _randbytes(8).hex()
+    return span_id if span_id != _ZERO_SPAN else new_span_id()
+
+
+def new_trace_id() -> str:
+    """A random non-zero 128-bit trace id, in hex."""
+    trace_id = _randbytes(16).hex()
+    return trace_id if trace_id != _ZERO_TRACE else new_trace_id()
 
 
 class BatchExporter(Protocol):

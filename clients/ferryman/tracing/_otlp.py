@@ -123,23 +123,18 @@ class OtlpBatches:
 
     def encode(self, spans: Sequence[RecordSpan]) -> bytes:
         """The request's bytes: one resource, one scope, the spans."""
-        pack, shape_of = struct.pack, self._shape
+        pack, shape_of, fromhex = struct.pack, self._shape, bytes.fromhex
         encoded = []
         for s in spans:
-            fields = [
-                b"\x0a\x10",
-                s.trace_id.to_bytes(16, "big"),
-                b"\x12\x08",
-                s.span_id.to_bytes(8, "big"),
-            ]
+            fields = [b"\x0a\x10", fromhex(s.trace_id), b"\x12\x08", fromhex(s.span_id)]
             if s.tracestate:
                 fields.append(len_field(3, s.tracestate.encode()))
             if s.parent_id:
-                fields += (b"\x22\x08", s.parent_id.to_bytes(8, "big"))
+                fields += (b"\x22\x08", fromhex(s.parent_id))
             fields += (shape_of(s.shape), b"\x39", pack("<Q", s.start_ns), b"\x41", pack("<Q", s.end_ns))
             fields.extend(_key_value(k, v) for k, v in s.attributes)
             for link in s.links:
-                body = b"\x0a\x10" + link.trace_id.to_bytes(16, "big") + b"\x12\x08" + link.span_id.to_bytes(8, "big")
+                body = b"\x0a\x10" + fromhex(link.trace_id) + b"\x12\x08" + fromhex(link.span_id)
                 fields.append(len_field(13, body + _LINK_FLAGS))
             # Status (field 15) always, as the SDK encodes it: message = 2, code = 3.
             status = (len_field(2, s.message.encode()) if s.message else b"") + (

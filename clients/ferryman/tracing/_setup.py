@@ -94,7 +94,7 @@ def _record_batches(config: TracingConfig, resource: Resource) -> BatchExporter:
         from ferryman.tracing._zipkin import ZipkinBatches  # noqa: PLC0415 (loaded when chosen)
 
         assert isinstance(exporter, ZipkinExporter)
-        return ZipkinBatches(exporter, str(resource.attributes.get("service.name", "")), scope)
+        return ZipkinBatches(exporter, resource, scope)
     if config.exporter in ("otlp-grpc", "otlp-http"):
         from ferryman.tracing._otlp import GrpcSpanExporter, HttpSpanExporter, OtlpBatches  # noqa: PLC0415 (loaded when chosen)
 

@@ -15,10 +15,11 @@ from typing import Any
 import requests
 from opentelemetry.exporter.zipkin.encoder import DEFAULT_MAX_TAG_VALUE_LENGTH
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
-from ferryman.tracing._lean import ERROR, OK, AttributeValue, RecordSpan, SpanShape
+from ferryman.tracing._lean import ERROR, OK, RecordSpan, SpanShape
 
 _log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ _ZIPKIN_KIND[SpanKind.CONSUMER] = "CONSUMER"
 _ZIPKIN_OK = (200, 202)
 
 
-def _tag(value: AttributeValue) -> str:
+def _tag(value: object) -> str:
     """A JSON tag value: a string, cut at the SDK encoder's default length."""
     return json.dumps(str(value)[:DEFAULT_MAX_TAG_VALUE_LENGTH])
 
@@ -36,16 +37,22 @@ def _tag(value: AttributeValue) -> str:
 class ZipkinBatches:
     """Zipkin JSON v2 made from templates, posted with the SDK Zipkin exporter's session and settings."""
 
-    def __init__(self, exporter: ZipkinExporter, service_name: str, scope: InstrumentationScope) -> None:
+    def __init__(self, exporter: ZipkinExporter, resource: Resource, scope: InstrumentationScope) -> None:
+        """Keep the exporter; the resource's attributes become tags of every span, as the SDK's encoder does."""
         self.exporter = exporter
         node = exporter.local_node
+        service_name = str(resource.attributes.get(SERVICE_NAME, ""))
         node.service_name = service_name
         endpoint: dict[str, Any] = {"serviceName": service_name}
         endpoint.update((k, str(v)) for k, v in (("ipv4", node.ipv4), ("ipv6", node.ipv6)) if v is not None)
         if node.port is not None:
             endpoint["port"] = node.port
         self._endpoint = json.dumps(endpoint, separators=(",", ":"))
-        self._scope_tags = {"otel.library.name": scope.name, "otel.scope.name": scope.name}
+        self._common_tags = {
+            **resource.attributes,
+            "otel.library.name": scope.name,
+            "otel.scope.name": scope.name,  # versions are null: left out
+        }
         self._shapes: dict[int, tuple[SpanShape, str]] = {}
 
     def _shape(self, shape: SpanShape) -> str:
@@ -54,7 +61,7 @@ class ZipkinBatches:
         if known is not None and known[0] is shape:
             return known[1]
         kind = _ZIPKIN_KIND.get(shape.kind)
-        tags = {**shape.attributes, **self._scope_tags}
+        tags = {**shape.attributes, **self._common_tags}
         head = (
             f'"name":{json.dumps(shape.name)},"localEndpoint":{self._endpoint},'
             + (f'"kind":"{kind}",' if kind else "")
@@ -74,9 +81,9 @@ class ZipkinBatches:
                 varying += ',"otel.status_code":"OK"'
             elif s.status == ERROR:
                 varying += f',"otel.status_code":"ERROR","error":{_tag(s.message)}'
-            parent = f'"parentId":"{s.parent_id:016x}",' if s.parent_id else ""
+            parent = f'"parentId":"{s.parent_id}",' if s.parent_id else ""
             out.append(
-                f'{{"traceId":"{s.trace_id:032x}","id":"{s.span_id:016x}",{parent}'
+                f'{{"traceId":"{s.trace_id}","id":"{s.span_id}",{parent}'
                 f'"timestamp":{(s.start_ns + 500) // 1000},"duration":{(s.end_ns - s.start_ns + 500) // 1000},'
                 f'{shape_of(s.shape)}{varying}}},"debug":true}}'
             )

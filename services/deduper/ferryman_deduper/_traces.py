@@ -113,12 +113,12 @@ class DeduperTraces:
             if i >= len(offsets) or offsets[i] != offset:
                 continue  # not one of the envelope's records: nothing to continue
             now = time.time_ns()
-            trace_id = int(traceparent[3:35], 16)
+            trace_id = traceparent[3:35]
             process = RecordSpan(
                 process_shape,
                 trace_id,
                 new_span_id(),
-                int(traceparent[36:52], 16),
+                traceparent[36:52],
                 now,
                 remote_parent=True,
                 tracestate=tracestate,
@@ -144,7 +144,7 @@ class DeduperTraces:
             COMMIT,
             new_trace_id(),
             new_span_id(),
-            0,
+            "",
             started_ns,
             attributes=(("ferryman.transaction.records", records), ("ferryman.traced_records", len(self._open))),
             links=spans.links(self._open),

@@ -364,7 +364,7 @@ class ResendWorker:
         )
         shape = SpanShape("ferryman resend", SpanKind.PRODUCER, attributes)  # one per answer: a rare span
         return RecordSpan(
-            shape, new_trace_id(), new_span_id(), 0, time.time_ns(), links=self._tracing.records.links(spans)
+            shape, new_trace_id(), new_span_id(), "", time.time_ns(), links=self._tracing.records.links(spans)
         )
 
     def _send(

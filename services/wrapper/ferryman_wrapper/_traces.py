@@ -96,12 +96,11 @@ class WrapperTraces:
         for i, parent in decided:
             offset = _offset(run[i])
             if parent is None:  # a record without trace context starts a trace
-                span = RecordSpan(shape, new_trace_id(), new_span_id(), 0, now)
+                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now)
             else:
                 tp = parent.traceparent
-                trace_id, parent_id = int(tp[3:35], 16), int(tp[36:52], 16)
                 span = RecordSpan(
-                    shape, trace_id, new_span_id(), parent_id, now, remote_parent=True, tracestate=parent.tracestate
+                    shape, tp[3:35], new_span_id(), tp[36:52], now, remote_parent=True, tracestate=parent.tracestate
                 )
             span.attributes = ((OFFSET, offset), (OFFSET_NEW, offset))
             spans.append((offset, span))
