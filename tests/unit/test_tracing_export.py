@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from ferryman import envelope
-from ferryman.tracing import ERROR, OK, RecordSpan, RecordSpans, SpanShape, new_span_id, new_trace_id
+from ferryman.config import TracingConfig
+from ferryman.tracing import ERROR, OK, RecordSpan, RecordSpans, SpanShape, new_span_id, new_trace_id, start_tracing
 from ferryman.tracing._export import readable_span
 from ferryman.tracing._otlp import HttpSpanExporter, OtlpBatches
 from ferryman.tracing._zipkin import ZipkinBatches
@@ -134,3 +136,17 @@ def test_queue_exports_in_batches_drops_when_full_and_flushes_on_shutdown(monkey
     assert len(exported) + spans.dropped == 10 and spans.dropped >= 2
     assert all(len(batch) <= 3 for batch in out.batches) and out.closed
     assert spans.shutdown(1)  # idempotent
+
+
+def test_file_exporter_writes_record_spans_as_sdk_span_json(tmp_path: Path) -> None:
+    path = tmp_path / "spans.jsonl"
+    tracing = start_tracing(TracingConfig(enabled=True, exporter="file", file_path=path, service_name="svc"), "d")
+    assert tracing is not None
+    for span in _spans():
+        tracing.records.end(span, span.end_ns)
+    tracing.shutdown()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [s["name"] for s in lines] == ["orders process", "dst publish", "dst publish", "ferryman commit"]
+    assert lines[0]["parent_id"] == "0xb7ad6b7169203331" and "key=x, value=y" in lines[0]["context"]["trace_state"]
+    assert lines[2]["status"] == {"status_code": "ERROR", "description": 'transaction not committed: "rewound"'}
+    assert len(lines[3]["links"]) == 2 and lines[0]["resource"]["attributes"]["service.name"] == "svc"

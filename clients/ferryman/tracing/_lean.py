@@ -63,13 +63,14 @@ class RecordSpan:
     parent_id: str
     """The parent's span id; empty for a root span."""
     start_ns: int
+    # The fields in the order the data paths pass them (positional arguments are the cheaper call).
     remote_parent: bool = False
     """The parent is another process's span (a ``traceparent``)."""
-    end_ns: int = 0
     tracestate: str = ""
     """The W3C ``tracestate`` of the trace (empty when none)."""
     attributes: tuple[tuple[str, AttributeValue], ...] = ()
     links: Sequence[RecordSpan] = ()
+    end_ns: int = 0
     status: int = UNSET
     message: str = ""
     """The status description (ERROR only)."""
@@ -119,11 +120,17 @@ def _env_int(name: str, default: int) -> int:
 
 @dataclass
 class _Settings:
-    """The ``OTEL_BSP_*`` settings, which the record spans honour as the SDK's batch processor does."""
+    """Batching: the ``OTEL_BSP_*`` variables when set, as for the SDK's batch processor; larger defaults.
+
+    Defaults 4x the SDK's (queue 8192, batch 2048): at a 1 % ratio of 300 k records/s
+    a service makes ~6-9 k record spans per second, and each export request costs
+    milliseconds of CPU of its own (HTTP or gRPC), so fewer, larger requests.
+    A batch of 2048 spans is ~0.6-1 MB of Zipkin JSON, under collectors' usual 4 MB limits.
+    """
 
     schedule_delay_s: float = field(default_factory=lambda: _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000)
-    max_queue: int = field(default_factory=lambda: _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048))
-    max_batch: int = field(default_factory=lambda: _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+    max_queue: int = field(default_factory=lambda: _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 8192))
+    max_batch: int = field(default_factory=lambda: _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 2048))
 
 
 class RecordSpans:
@@ -131,7 +138,7 @@ class RecordSpans:
 
     Like the SDK's batch processor: at most ``OTEL_BSP_MAX_QUEUE_SIZE`` spans wait
     (more are dropped and counted), a batch goes when ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
-    are waiting or every ``OTEL_BSP_SCHEDULE_DELAY`` ms.
+    are waiting or every ``OTEL_BSP_SCHEDULE_DELAY`` ms (defaults in `_Settings`).
     """
 
     def __init__(self, exporter: BatchExporter, *, max_links: int = 64, max_queue: int | None = None) -> None:
@@ -140,7 +147,7 @@ class RecordSpans:
         Args:
             exporter: encodes and sends batches.
             max_links: most links a span gets (`links` caps them).
-            max_queue: spans that may wait (default ``OTEL_BSP_MAX_QUEUE_SIZE``, else 2048).
+            max_queue: spans that may wait (default ``OTEL_BSP_MAX_QUEUE_SIZE``, else 8192).
         """
         self.max_links = max_links
         self.dropped = 0

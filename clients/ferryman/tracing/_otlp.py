@@ -69,12 +69,19 @@ class HttpSpanExporter(_HttpExporter):
         return bool(self._client.export(data).success)
 
 
+#: ``KeyValue.key`` fields of the attribute keys met so far (a handful of constants).
+_KEYS: dict[str, bytes] = {}
+
+
 def _key_value(key: str, value: AttributeValue) -> bytes:
     """A ``KeyValue`` attribute field (``Span.attributes`` is field 9): string or int64 ``AnyValue``."""
+    key_field = _KEYS.get(key)
+    if key_field is None:
+        key_field = _KEYS[key] = len_field(1, key.encode())
     any_value = (
-        b"\x18" + varint(value) if isinstance(value, int) else len_field(1, value.encode())
+        b"\x18" + varint(value) if type(value) is int else len_field(1, str(value).encode())
     )  # AnyValue.int_value = 3, string_value = 1
-    return len_field(9, len_field(1, key.encode()) + len_field(2, any_value))
+    return len_field(9, key_field + len_field(2, any_value))
 
 
 #: Span.flags (field 16, fixed32): the SDK's ``SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`` (| ``IS_REMOTE``).
@@ -105,25 +112,21 @@ class OtlpBatches:
         resource_spans = encode_spans([template]).resource_spans[0]
         self._resource = len_field(1, resource_spans.resource.SerializeToString())
         self._scope = len_field(1, resource_spans.scope_spans[0].scope.SerializeToString())
-        self._shapes: dict[int, tuple[SpanShape, bytes]] = {}
+        self._shapes: dict[SpanShape, bytes] = {}
 
     def _shape(self, shape: SpanShape) -> bytes:
         """Name, kind and the shape's attributes as Span fields (encoded once per shape)."""
-        known = self._shapes.get(id(shape))
-        if known is not None and known[0] is shape:
-            return known[1]
-        encoded = (
+        encoded = self._shapes[shape] = (
             len_field(5, shape.name.encode())
             + b"\x30"
             + varint(_OTLP_KIND[shape.kind])
             + b"".join(_key_value(k, v) for k, v in shape.attributes.items())
         )
-        self._shapes[id(shape)] = (shape, encoded)
         return encoded
 
     def encode(self, spans: Sequence[RecordSpan]) -> bytes:
         """The request's bytes: one resource, one scope, the spans."""
-        pack, shape_of, fromhex = struct.pack, self._shape, bytes.fromhex
+        pack, shapes, fromhex = struct.pack, self._shapes, bytes.fromhex
         encoded = []
         for s in spans:
             fields = [b"\x0a\x10", fromhex(s.trace_id), b"\x12\x08", fromhex(s.span_id)]
@@ -131,8 +134,10 @@ class OtlpBatches:
                 fields.append(len_field(3, s.tracestate.encode()))
             if s.parent_id:
                 fields += (b"\x22\x08", fromhex(s.parent_id))
-            fields += (shape_of(s.shape), b"\x39", pack("<Q", s.start_ns), b"\x41", pack("<Q", s.end_ns))
-            fields.extend(_key_value(k, v) for k, v in s.attributes)
+            shape = shapes.get(s.shape) or self._shape(s.shape)
+            fields += (shape, b"\x39", pack("<Q", s.start_ns), b"\x41", pack("<Q", s.end_ns))
+            if s.attributes:
+                fields.extend([_key_value(k, v) for k, v in s.attributes])
             for link in s.links:
                 body = b"\x0a\x10" + fromhex(link.trace_id) + b"\x12\x08" + fromhex(link.span_id)
                 fields.append(len_field(13, body + _LINK_FLAGS))

@@ -19,12 +19,14 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
-from ferryman.tracing._lean import ERROR, OK, RecordSpan, SpanShape
+from ferryman.tracing._lean import ERROR, OK, UNSET, RecordSpan, SpanShape
 
 _log = logging.getLogger(__name__)
 
 _ZIPKIN_KIND = {SpanKind.SERVER: "SERVER", SpanKind.CLIENT: "CLIENT", SpanKind.PRODUCER: "PRODUCER"}
 _ZIPKIN_KIND[SpanKind.CONSUMER] = "CONSUMER"
+#: The status tags of an unset and an OK status (ERROR has a description).
+_STATUS_TAGS = {UNSET: "", OK: ',"otel.status_code":"OK"'}
 #: HTTP statuses Zipkin answers a stored batch with (as the SDK's exporter checks).
 _ZIPKIN_OK = (200, 202)
 
@@ -53,39 +55,44 @@ class ZipkinBatches:
             "otel.library.name": scope.name,
             "otel.scope.name": scope.name,  # versions are null: left out
         }
-        self._shapes: dict[int, tuple[SpanShape, str]] = {}
+        self._heads: dict[SpanShape, str] = {}
 
-    def _shape(self, shape: SpanShape) -> str:
+    def _head(self, shape: SpanShape) -> str:
         """The JSON from ``"name"`` to the open tags object, with the shape's tags (encoded once per shape)."""
-        known = self._shapes.get(id(shape))
-        if known is not None and known[0] is shape:
-            return known[1]
         kind = _ZIPKIN_KIND.get(shape.kind)
         tags = {**shape.attributes, **self._common_tags}
-        head = (
+        head = self._heads[shape] = (
             f'"name":{json.dumps(shape.name)},"localEndpoint":{self._endpoint},'
             + (f'"kind":"{kind}",' if kind else "")
             + '"tags":{'
             + ",".join(f"{json.dumps(k)}:{_tag(v)}" for k, v in tags.items())
         )
-        self._shapes[id(shape)] = (shape, head)  # the shape is kept alive, so its id is not reused
         return head
 
     def encode(self, spans: Sequence[RecordSpan]) -> str:
-        """The JSON v2 list of spans."""
+        """The JSON v2 list of spans.
+
+        The per-span attribute keys are Ferryman's constants, written without JSON escaping.
+        """
         out = []
-        shape_of = self._shape
+        heads, status_tags = self._heads, _STATUS_TAGS
         for s in spans:
-            varying = "".join(f',"{k}":{_tag(v)}' for k, v in s.attributes)
-            if s.status == OK:
-                varying += ',"otel.status_code":"OK"'
-            elif s.status == ERROR:
-                varying += f',"otel.status_code":"ERROR","error":{_tag(s.message)}'
-            parent = f'"parentId":"{s.parent_id}",' if s.parent_id else ""
+            head = heads.get(s.shape) or self._head(s.shape)
+            tags = (
+                "".join([f',"{k}":"{v}"' if type(v) is int else f',"{k}":{_tag(v)}' for k, v in s.attributes])
+                if s.attributes
+                else ""
+            )
+            if s.status == ERROR:
+                tags += f',"otel.status_code":"ERROR","error":{_tag(s.message)}'
+            else:
+                tags += status_tags[s.status]
+            start = s.start_ns
             out.append(
-                f'{{"traceId":"{s.trace_id}","id":"{s.span_id}",{parent}'
-                f'"timestamp":{(s.start_ns + 500) // 1000},"duration":{(s.end_ns - s.start_ns + 500) // 1000},'
-                f'{shape_of(s.shape)}{varying}}},"debug":true}}'
+                f'{{"traceId":"{s.trace_id}","id":"{s.span_id}",'
+                + (f'"parentId":"{s.parent_id}",' if s.parent_id else "")
+                + f'"timestamp":{(start + 500) // 1000},"duration":{(s.end_ns - start + 500) // 1000},'
+                f'{head}{tags}}},"debug":true}}'
             )
         return "[" + ",".join(out) + "]"
 

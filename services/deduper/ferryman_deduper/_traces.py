@@ -107,26 +107,16 @@ class DeduperTraces:
         src = env.source
         process_shape, publish_shape = self._shapes(staging_partition, src.topic, src.partition, destination)
         staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
-        end = self._spans.end
+        end, opened = self._spans.end, self._open
         for offset, (traceparent, tracestate) in traced:
             i = bisect.bisect_left(offsets, offset)
             if i >= len(offsets) or offsets[i] != offset:
                 continue  # not one of the envelope's records: nothing to continue
-            now = time.time_ns()
-            trace_id = traceparent[3:35]
-            process = RecordSpan(
-                process_shape,
-                trace_id,
-                new_span_id(),
-                traceparent[36:52],
-                now,
-                remote_parent=True,
-                tracestate=tracestate,
-                attributes=(*staging, (SOURCE_OFFSET, offset)),
-            )
-            publish = RecordSpan(publish_shape, trace_id, new_span_id(), process.span_id, now, tracestate=tracestate)
-            end(process)
-            self._open.append(publish)
+            now, trace_id, process_id = time.time_ns(), traceparent[3:35], new_span_id()
+            attributes = (*staging, (SOURCE_OFFSET, offset))
+            end(RecordSpan(process_shape, trace_id, process_id, traceparent[36:52], now, True, tracestate, attributes))
+            publish = RecordSpan(publish_shape, trace_id, new_span_id(), process_id, now, False, tracestate)
+            opened.append(publish)
             column[i] = with_traceparent(column[i], publish.traceparent)
         return column
 

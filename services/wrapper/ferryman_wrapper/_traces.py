@@ -78,11 +78,10 @@ class WrapperTraces:
         self._shapes: dict[tuple[str, int], SpanShape] = {}
 
     def _shape(self, topic: str, partition: int) -> SpanShape:
-        shape = self._shapes.get((topic, partition))
-        if shape is None:
-            attributes = kafka_attributes("process", topic, partition)
-            attributes[CONSUMER_GROUP] = self._group
-            shape = self._shapes[topic, partition] = SpanShape(f"{topic} process", SpanKind.CONSUMER, attributes)
+        """The process span shape of a source partition (made once)."""
+        attributes = kafka_attributes("process", topic, partition)
+        attributes[CONSUMER_GROUP] = self._group
+        shape = self._shapes[topic, partition] = SpanShape(f"{topic} process", SpanKind.CONSUMER, attributes)
         return shape
 
     def start(self, topic: str, partition: int, run: Sequence[Message]) -> RunTraces | None:
@@ -90,18 +89,16 @@ class WrapperTraces:
         decided = self._sampler.decide(len(run), _with_headers(run))
         if not decided:
             return None
-        shape = self._shape(topic, partition)
+        shape = self._shapes.get((topic, partition)) or self._shape(topic, partition)
         now = time.time_ns()
         spans: list[tuple[int, RecordSpan]] = []
         for i, parent in decided:
             offset = _offset(run[i])
+            offsets = ((OFFSET, offset), (OFFSET_NEW, offset))
             if parent is None:  # a record without trace context starts a trace
-                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now)
+                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now, False, "", offsets)
             else:
                 tp = parent.traceparent
-                span = RecordSpan(
-                    shape, tp[3:35], new_span_id(), tp[36:52], now, remote_parent=True, tracestate=parent.tracestate
-                )
-            span.attributes = ((OFFSET, offset), (OFFSET_NEW, offset))
+                span = RecordSpan(shape, tp[3:35], new_span_id(), tp[36:52], now, True, parent.tracestate, offsets)
             spans.append((offset, span))
         return RunTraces(spans, self._tracing)
