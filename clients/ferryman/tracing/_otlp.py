@@ -78,10 +78,13 @@ def _key_value(key: str, value: AttributeValue) -> bytes:
     key_field = _KEYS.get(key)
     if key_field is None:
         key_field = _KEYS[key] = len_field(1, key.encode())
-    any_value = (
-        b"\x18" + varint(value) if type(value) is int else len_field(1, str(value).encode())
-    )  # AnyValue.int_value = 3, string_value = 1
-    return len_field(9, key_field + len_field(2, any_value))
+    if type(value) is int:
+        any_value = b"\x18" + varint(value)  # AnyValue.int_value = 3
+    else:
+        raw = str(value).encode()
+        any_value = b"\x0a" + varint(len(raw)) + raw  # AnyValue.string_value = 1
+    body = key_field + b"\x12" + varint(len(any_value)) + any_value  # KeyValue.value = 2
+    return b"\x4a" + varint(len(body)) + body
 
 
 #: Span.flags (field 16, fixed32): the SDK's ``SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`` (| ``IS_REMOTE``).
