@@ -5,8 +5,9 @@ records that are all traced, in one process, and prints CPU microseconds per tra
 so the export thread's work counts, as it does in a service):
 
 * ``spans``: the record spans alone (made, ended and queued; the export thread drops the batches);
-* ``+ zipkin`` / ``+ otlp``: the export thread also encodes the batches as Zipkin JSON v2 / OTLP protobuf
-  (what ``exporter: zipkin`` / ``otlp-*`` send), but does not send them.
+* ``+ zipkin`` / ``+ otlp`` / ``+ file``: the export thread also encodes the batches as Zipkin JSON v2 / OTLP
+  protobuf / the file exporter's JSON lines (what ``exporter: zipkin`` / ``otlp-*`` / ``file`` send or write;
+  the benchmark rows use ``file``), but does not send or write them.
 
 Beside it, the compiled envelope decode of the same records, per record: figures on a busy machine scale
 with it. The amortised cost at a ratio r is r x the total; the budget of issue 26 is 5 % of Ferryman's
@@ -16,6 +17,7 @@ CPU per record (~2-4 us/record for both services together on this machine, READM
 from __future__ import annotations
 
 import argparse
+import io
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +26,7 @@ from confluent_kafka import Message
 from ferryman import envelope
 from ferryman.config import TracingConfig
 from ferryman.tracing import BatchExporter, RecordSampler, RecordSpan, RecordSpans, Tracing
+from ferryman.tracing._file import FileBatches
 from ferryman.tracing._otlp import HttpSpanExporter, OtlpBatches
 from ferryman.tracing._zipkin import ZipkinBatches
 from ferryman.v1 import envelope_pb2
@@ -32,6 +35,7 @@ from ferryman_wrapper._traces import WrapperTraces
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 #: Records per envelope (and per run) in the measurement.
@@ -71,6 +75,8 @@ def _exporter(kind: str) -> BatchExporter:
     scope = InstrumentationScope("ferryman")
     if kind == "zipkin":
         return _EncodeOnly(ZipkinBatches(ZipkinExporter(), resource, scope).encode)
+    if kind == "file":
+        return _EncodeOnly(FileBatches(ConsoleSpanExporter(out=io.StringIO()), resource).encode)
     if kind == "otlp":
         return _EncodeOnly(OtlpBatches(HttpSpanExporter(), resource, scope).encode)
     return _Dropped()
@@ -115,7 +121,7 @@ def measure(records: int, per_envelope: int) -> dict[str, float]:
     messages, data = _run(per_envelope)
     out: dict[str, float] = {}
     out["decode"] = _cpu_per(lambda: [envelope.decode(data) for _ in range(records // per_envelope)], records)
-    for kind in ("spans", "+ zipkin", "+ otlp"):
+    for kind in ("spans", "+ zipkin", "+ otlp", "+ file"):
         tracing = _tracing(kind.removeprefix("+ "), records)
         wrapper = WrapperTraces(tracing, consumer_group="g")
         deduper = DeduperTraces(tracing, staging_topic="staging", consumer_group="d")
@@ -164,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"CPU us per traced record ({args.records} records, {per} per transaction, best of 3; load {load}):")
     for name, value in figures.items():
         print(f"  {name:20s} {value:8.2f}")
-    both = max(figures["both + zipkin"], figures["both + otlp"])
+    both = max(figures["both + zipkin"], figures["both + otlp"], figures["both + file"])
     for ratio in (0.01, 0.001):
         print(f"  at ratio {ratio:g}: {ratio * both * 1000:.1f} ns per record amortised (both services, export)")
     return 0

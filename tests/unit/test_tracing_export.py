@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from ferryman import envelope
 from ferryman.config import TracingConfig
 from ferryman.tracing import ERROR, OK, RecordSpan, RecordSpans, SpanShape, new_span_id, new_trace_id, start_tracing
 from ferryman.tracing._export import readable_span
+from ferryman.tracing._file import FileBatches
 from ferryman.tracing._otlp import HttpSpanExporter, OtlpBatches
 from ferryman.tracing._zipkin import ZipkinBatches
 from ferryman.v1 import envelope_pb2
@@ -21,6 +23,7 @@ from opentelemetry.exporter.zipkin.encoder import Protocol
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
@@ -85,6 +88,13 @@ def test_otlp_request_equals_the_sdk_encoding() -> None:
     ours = ExportTraceServiceRequest.FromString(OtlpBatches(HttpSpanExporter(), RESOURCE, SCOPE).encode(spans))
     assert ours == encode_spans([readable_span(s, RESOURCE, SCOPE) for s in spans])
     assert ours.resource_spans[0].scope_spans[0].spans[3].links[1].span_id.hex() == spans[2].span_id
+
+
+def test_file_lines_equal_the_sdk_spans_json(tmp_path: Path) -> None:
+    spans = _spans()
+    exporter = ConsoleSpanExporter(out=io.StringIO())
+    ours = [json.loads(line) for line in FileBatches(exporter, RESOURCE).encode(spans).splitlines()]
+    assert ours == [json.loads(readable_span(s, RESOURCE, SCOPE).to_json(indent=None)) for s in spans]
 
 
 def test_record_traces_suffix_is_the_protobuf_serialisation() -> None:

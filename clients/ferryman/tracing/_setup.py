@@ -100,7 +100,12 @@ def _record_batches(config: TracingConfig, resource: Resource) -> BatchExporter:
 
         assert isinstance(exporter, GrpcSpanExporter | HttpSpanExporter)
         return OtlpBatches(exporter, resource, scope)
-    return SdkBatches(exporter, resource, scope)
+    if config.exporter == "file":
+        from ferryman.tracing._file import FileBatches  # noqa: PLC0415 (loaded when chosen)
+
+        assert isinstance(exporter, ConsoleSpanExporter)
+        return FileBatches(exporter, resource)
+    return SdkBatches(exporter, resource, scope)  # the console: for people to read, at low rates
 
 
 @dataclass(frozen=True)
