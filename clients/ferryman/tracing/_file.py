@@ -69,35 +69,33 @@ class FileBatches:
         return f'{{"trace_id": "0x{trace_id}", "span_id": "0x{span_id}", "trace_state": {state}}}'
 
     def encode(self, spans: Sequence[RecordSpan]) -> str:
-        """The lines of spans (each ending in a newline)."""
+        """The lines of spans (each ending in a newline).
+
+        The per-span attribute keys are Ferryman's constants, written without JSON escaping.
+        """
         out = []
-        heads, time_of, context = self._heads, self._time, self._context
+        heads, time_of, context, statuses = self._heads, self._time, self._context, _STATUS
         resource = self._resource
         for s in spans:
             before, after, attributes = heads.get(s.shape) or self._head(s.shape)
             if s.attributes:
-                varying = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in s.attributes)
-                attributes = (attributes + ", " if attributes else "{") + varying + "}"
+                varying = ", ".join(
+                    [f'"{k}": {v}' if type(v) is int else f'"{k}": {json.dumps(v)}' for k, v in s.attributes]
+                )
+                attributes = f"{attributes}, {varying}}}" if attributes else f"{{{varying}}}"
             else:
                 attributes = attributes + "}" if attributes else "{}"
-            status = (
-                json.dumps(
-                    {"status_code": "ERROR", "description": s.message} if s.message else {"status_code": "ERROR"}
-                )
-                if s.status == ERROR
-                else _STATUS[s.status]
+            links = (
+                ", ".join([f'{{"context": {context(k.trace_id, k.span_id, "")}, "attributes": null}}' for k in s.links])
+                if s.links
+                else ""
             )
-            links = ", ".join(
-                f'{{"context": {context(k.trace_id, k.span_id, "")}, "attributes": null}}' for k in s.links
-            )
-            parent = f'"0x{s.parent_id}"' if s.parent_id else "null"
             out.append(
-                before
-                + context(s.trace_id, s.span_id, s.tracestate)
-                + after
-                + f'"parent_id": {parent}, "start_time": {time_of(s.start_ns)}, "end_time": {time_of(s.end_ns)}, '
-                f'"status": {status}, "attributes": {attributes}, "events": [], "links": [{links}], '
-                f'"resource": {resource}}}\n'
+                f"{before}{context(s.trace_id, s.span_id, s.tracestate)}{after}"
+                f'"parent_id": {f"{chr(34)}0x{s.parent_id}{chr(34)}" if s.parent_id else "null"}, '
+                f'"start_time": {time_of(s.start_ns)}, "end_time": {time_of(s.end_ns)}, '
+                f'"status": {statuses[s.status] if s.status != ERROR else _error(s.message)}, '
+                f'"attributes": {attributes}, "events": [], "links": [{links}], "resource": {resource}}}\n'
             )
         return "".join(out)
 
