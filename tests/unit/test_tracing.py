@@ -287,3 +287,17 @@ def test_deduper_leaves_headers_alone_when_no_written_record_is_traced() -> None
     )
     assert traces.written(env, 1, destination="d", staging_partition=0, staging_offset=1, headers=None) is None
     assert spans.get_finished_spans() == ()
+
+
+def test_deduper_ignores_a_record_trace_that_is_not_a_valid_traceparent() -> None:
+    tracing, spans = _tracing()
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
+        + envelope.record_traces_suffix([(10, "00-not-hex-01", ""), (11, TP_SAMPLED.upper(), "")])
+    )
+    column = traces.written(env, 0, destination="d", staging_partition=0, staging_offset=1, headers=None)
+    assert column == [None, None, None]  # nothing to continue: no span, no traceparent written
+    traces.committed(records=3, started_ns=1)
+    assert spans.get_finished_spans() == ()

@@ -30,6 +30,7 @@ from ferryman.tracing import (
     kafka_attributes,
     new_span_id,
     new_trace_id,
+    parse_traceparent,
 )
 from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
 from opentelemetry.trace import SpanKind
@@ -110,8 +111,8 @@ class DeduperTraces:
         end, opened = self._spans.end, self._open
         for offset, (traceparent, tracestate) in traced:
             i = bisect.bisect_left(offsets, offset)
-            if i >= len(offsets) or offsets[i] != offset:
-                continue  # not one of the envelope's records: nothing to continue
+            if i >= len(offsets) or offsets[i] != offset or parse_traceparent(traceparent) is None:
+                continue  # not one of the envelope's records, or no valid context: nothing to continue
             now, trace_id, process_id = time.time_ns(), traceparent[3:35], new_span_id()
             attributes = (*staging, (SOURCE_OFFSET, offset))
             end(RecordSpan(process_shape, trace_id, process_id, traceparent[36:52], now, True, tracestate, attributes))
