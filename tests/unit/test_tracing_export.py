@@ -150,13 +150,15 @@ def test_queue_exports_in_batches_drops_when_full_and_flushes_on_shutdown(monkey
 
 def test_file_exporter_writes_record_spans_as_sdk_span_json(tmp_path: Path) -> None:
     path = tmp_path / "spans.jsonl"
-    tracing = start_tracing(TracingConfig(enabled=True, exporter="file", file_path=path, service_name="svc"), "d")
+    config = TracingConfig(enabled=True, exporter="file", file_path=path, service_name="svc", sampler="always_on")
+    tracing = start_tracing(config, "d")
     assert tracing is not None
     for span in _spans():
         tracing.records.end(span, span.end_ns)
+    tracing.tracer.start_span("rpc").end()  # an SDK span: same file, one stream
     tracing.shutdown()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [s["name"] for s in lines] == ["orders process", "dst publish", "dst publish", "ferryman commit"]
+    assert [s["name"] for s in lines] == ["orders process", "dst publish", "dst publish", "ferryman commit", "rpc"]
     assert lines[0]["parent_id"] == "0xb7ad6b7169203331" and "key=x, value=y" in lines[0]["context"]["trace_state"]
     assert lines[2]["status"] == {"status_code": "ERROR", "description": 'transaction not committed: "rewound"'}
     assert len(lines[3]["links"]) == 2 and lines[0]["resource"]["attributes"]["service.name"] == "svc"

@@ -58,8 +58,11 @@ def otel_sampler(config: TracingConfig) -> Sampler:
     return ParentBased(root) if config.sampler.startswith("parentbased_") else root
 
 
-def _exporter(config: TracingConfig) -> SpanExporter:
-    """A new exporter of the configured kind (its packages are imported only when chosen)."""
+def _exporter(config: TracingConfig, file: IO[str] | None = None) -> SpanExporter:
+    """A new exporter of the configured kind (its packages are imported only when chosen).
+
+    file: the open ``file_path`` another exporter writes to (both pipelines share one stream).
+    """
     endpoint = config.endpoint or None
     if config.exporter == "otlp-grpc":
         from ferryman.tracing._otlp import GrpcSpanExporter  # noqa: PLC0415 (only the chosen exporter is imported)
@@ -76,7 +79,7 @@ def _exporter(config: TracingConfig) -> SpanExporter:
         return ZipkinExporter(endpoint=endpoint)
     if config.exporter == "file":
         try:
-            out: IO[str] = config.file_path.open("a", encoding="utf-8")
+            out: IO[str] = file or config.file_path.open("a", encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"tracing.file_path: cannot open {config.file_path}: {exc}") from exc
         one_line: Callable[[ReadableSpan], str] = lambda span: span.to_json(indent=None) + "\n"  # noqa: E731
@@ -84,10 +87,9 @@ def _exporter(config: TracingConfig) -> SpanExporter:
     return ConsoleSpanExporter()
 
 
-def _record_batches(config: TracingConfig, resource: Resource) -> BatchExporter:
+def _record_batches(config: TracingConfig, exporter: SpanExporter, resource: Resource) -> BatchExporter:
     """The record spans' exporter: the configured exporter's own wire format when we write it, else SDK spans."""
     scope = InstrumentationScope(SCOPE)
-    exporter = _exporter(config)
     if config.exporter == "zipkin":
         from opentelemetry.exporter.zipkin.json import ZipkinExporter  # noqa: PLC0415 (loaded when chosen)
 
@@ -143,9 +145,11 @@ def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing |
     if not config.enabled:
         return None
     resource = Resource.create({"service.name": config.service_name or default_service_name})
-    records = RecordSpans(_record_batches(config, resource), max_links=config.max_links)
+    exporter = _exporter(config)
+    records = RecordSpans(_record_batches(config, exporter, resource), max_links=config.max_links)
+    file = exporter.out if config.exporter == "file" and isinstance(exporter, ConsoleSpanExporter) else None
     provider = TracerProvider(sampler=otel_sampler(config), resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
+    provider.add_span_processor(BatchSpanProcessor(_exporter(config, file)))
     _log.info(
         "tracing on: sampler %s (ratio %g), exporter %s%s",
         config.sampler,
