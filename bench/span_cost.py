@@ -4,9 +4,10 @@ Runs the services' own record-span code (``ferryman_wrapper._traces``, ``ferryma
 records that are all traced, in one process, and prints CPU microseconds per traced record (process time,
 so the export thread's work counts, as it does in a service):
 
-* ``spans``: the SDK spans alone (a provider with no processor: creation, attributes, ids, ending);
-* ``+ export``: with the services' ``BatchSpanProcessor`` and an exporter that encodes the spans as Zipkin
-  JSON (what ``exporter: zipkin`` sends) but does not send them.
+* ``spans``: the record spans alone (made, ended and queued; the export thread drops the batches);
+* ``+ zipkin`` / ``+ otlp`` / ``+ file``: the export thread also encodes the batches as Zipkin JSON v2 / OTLP
+  protobuf / the file exporter's JSON lines (what ``exporter: zipkin`` / ``otlp-*`` / ``file`` send or write;
+  the benchmark rows use ``file``), but does not send or write them.
 
 Beside it, the compiled envelope decode of the same records, per record: figures on a busy machine scale
 with it. The amortised cost at a ratio r is r x the total; the budget of issue 26 is 5 % of Ferryman's
@@ -16,6 +17,7 @@ CPU per record (~2-4 us/record for both services together on this machine, READM
 from __future__ import annotations
 
 import argparse
+import io
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,15 +25,18 @@ from typing import Any
 from confluent_kafka import Message
 from ferryman import envelope
 from ferryman.config import TracingConfig
-from ferryman.tracing import RecordSampler, Tracing
+from ferryman.tracing import BatchExporter, RecordSampler, RecordSpan, RecordSpans, Tracing
+from ferryman.tracing._file import FileBatches
+from ferryman.tracing._otlp import HttpSpanExporter, OtlpBatches
+from ferryman.tracing._zipkin import ZipkinBatches
 from ferryman.v1 import envelope_pb2
 from ferryman_deduper._traces import DeduperTraces
 from ferryman_wrapper._traces import WrapperTraces
-from opentelemetry.exporter.zipkin.encoder import Protocol
 from opentelemetry.exporter.zipkin.json import ZipkinExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 #: Records per envelope (and per run) in the measurement.
 RUN = 100
@@ -39,39 +44,52 @@ RUN = 100
 #: each has a ``ferryman commit`` span of its own); 100 (``--all``) for a run where every record is traced.
 
 
-class EncodeOnlyZipkin(SpanExporter):
-    """Encodes spans as Zipkin's JSON v2, as ``exporter: zipkin`` does, and drops the bytes."""
+class _Dropped:
+    """Drops batches (the cost of the spans alone)."""
 
-    def __init__(self) -> None:
-        exporter = ZipkinExporter(version=Protocol.V2)
-        self._encoder = exporter.encoder
-        self._endpoint = exporter.local_node
-        self.spans = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """Encode, count, drop."""
-        self._encoder.serialize(spans, self._endpoint)  # type: ignore[arg-type]  # the SDK hands ReadableSpans
-        self.spans += len(spans)
-        return SpanExportResult.SUCCESS
+    def export(self, spans: Sequence[RecordSpan]) -> bool:
+        """Drop."""
+        return True
 
     def shutdown(self) -> None:
         """Nothing to release."""
 
 
-def _tracing(export: bool) -> tuple[Tracing, EncodeOnlyZipkin | None]:
+class _EncodeOnly:
+    """Encodes batches as the exporter would send them, then drops the bytes."""
+
+    def __init__(self, encode: Callable[[Sequence[RecordSpan]], object]) -> None:
+        self._encode = encode
+
+    def export(self, spans: Sequence[RecordSpan]) -> bool:
+        """Encode, drop."""
+        self._encode(spans)
+        return True
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+def _exporter(kind: str) -> BatchExporter:
+    resource = Resource.create({"service.name": "bench"})
+    scope = InstrumentationScope("ferryman")
+    if kind == "zipkin":
+        return _EncodeOnly(ZipkinBatches(ZipkinExporter(), resource, scope).encode)
+    if kind == "file":
+        return _EncodeOnly(FileBatches(ConsoleSpanExporter(out=io.StringIO()), resource).encode)
+    if kind == "otlp":
+        return _EncodeOnly(OtlpBatches(HttpSpanExporter(), resource, scope).encode)
+    return _Dropped()
+
+
+def _tracing(kind: str, records: int) -> Tracing:
     config = TracingConfig(enabled=True, sampler="always_on", sampler_ratio=1.0, exporter="zipkin")
-    provider = TracerProvider(resource=Resource.create({"service.name": "bench"}))
-    exporter = EncodeOnlyZipkin() if export else None
-    if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    tracing = Tracing(
+    return Tracing(
         config=config,
         sampler=RecordSampler.of(config),
-        records=provider.get_tracer("ferryman"),
-        provider=provider,
-        record_provider=provider,
+        records=RecordSpans(_exporter(kind), max_links=config.max_links, max_queue=4 * records),  # none dropped
+        provider=TracerProvider(),
     )
-    return tracing, exporter
 
 
 def _run(n: int) -> tuple[list[Message], bytes]:
@@ -103,8 +121,8 @@ def measure(records: int, per_envelope: int) -> dict[str, float]:
     messages, data = _run(per_envelope)
     out: dict[str, float] = {}
     out["decode"] = _cpu_per(lambda: [envelope.decode(data) for _ in range(records // per_envelope)], records)
-    for export in (False, True):
-        tracing, exporter = _tracing(export)
+    for kind in ("spans", "+ zipkin", "+ otlp", "+ file"):
+        tracing = _tracing(kind.removeprefix("+ "), records)
         wrapper = WrapperTraces(tracing, consumer_group="g")
         deduper = DeduperTraces(tracing, staging_topic="staging", consumer_group="d")
         suffixes: list[bytes] = []
@@ -126,17 +144,16 @@ def measure(records: int, per_envelope: int) -> dict[str, float]:
         def flushed(fn: Callable[[], None], tracing: Tracing = tracing) -> Callable[[], None]:
             def call() -> None:
                 fn()
-                tracing.provider.force_flush()  # the export thread's work is part of the cost
+                assert tracing.records.flush()  # the export thread's work is part of the cost
 
             return call
 
-        tag = "+ export" if export else "spans"
+        tag = kind
         out[f"wrapper {tag}"] = _cpu_per(flushed(wrap), records)
         wrap()  # suffixes for the deduper
         out[f"deduper {tag}"] = _cpu_per(flushed(dedupe), records) - out["decode"]  # its decode is not tracing
         out[f"both {tag}"] = out[f"wrapper {tag}"] + out[f"deduper {tag}"]
-        if exporter is not None:
-            tracing.provider.shutdown()
+        tracing.records.shutdown()
     return out
 
 
@@ -153,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"CPU us per traced record ({args.records} records, {per} per transaction, best of 3; load {load}):")
     for name, value in figures.items():
         print(f"  {name:20s} {value:8.2f}")
-    both = figures["both + export"]
+    both = max(figures["both + zipkin"], figures["both + otlp"], figures["both + file"])
     for ratio in (0.01, 0.001):
         print(f"  at ratio {ratio:g}: {ratio * both * 1000:.1f} ns per record amortised (both services, export)")
     return 0

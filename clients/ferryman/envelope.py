@@ -20,6 +20,7 @@ from typing import NamedTuple
 import google_crc32c
 from google.protobuf.message import DecodeError
 
+from ferryman._protowire import len_field, varint
 from ferryman.errors import CorruptEnvelopeError, EnvelopeError, UnsupportedEnvelopeError
 from ferryman.v1 import envelope_pb2
 
@@ -483,12 +484,16 @@ def record_traces_suffix(traces: Iterable[tuple[int, str, str]]) -> bytes:
 
     Protobuf merges a message parsed from concatenated serializations (repeated
     fields append), so the wrapper adds the trace contexts of the sampled
-    records to an envelope the codec already built, compiled or not.
+    records to an envelope the codec already built, compiled or not. Written
+    as wire bytes (no message object: this runs per traced record).
     """
-    env = envelope_pb2.Envelope()
-    for offset, traceparent, tracestate in traces:
-        env.record_traces.add(offset=offset, traceparent=traceparent, tracestate=tracestate)
-    return env.SerializeToString()
+    out = []
+    for offset, traceparent, tracestate in traces:  # RecordTrace: offset = 1, traceparent = 2, tracestate = 3
+        trace = (b"\x08" + varint(offset) if offset else b"") + len_field(2, traceparent.encode())  # proto3: 0 left out
+        if tracestate:
+            trace += len_field(3, tracestate.encode())
+        out.append(len_field(11, trace))  # Envelope.record_traces = 11
+    return b"".join(out)
 
 
 def headers_of(record: envelope_pb2.Record | envelope_pb2.RecordHeaders) -> list[tuple[str, bytes | None]]:

@@ -11,13 +11,24 @@ from ferryman import envelope
 from ferryman.config import TracingConfig, load_config
 from ferryman.envelope import RecordRun
 from ferryman.errors import ConfigError
-from ferryman.tracing import RecordSampler, Tracing, context_of, format_traceparent, parent_context, parse_traceparent
+from ferryman.tracing import (
+    RecordSampler,
+    RecordSpans,
+    SdkBatches,
+    Tracing,
+    context_of,
+    format_traceparent,
+    parent_context,
+    parse_traceparent,
+)
 from ferryman.v1 import envelope_pb2
 from ferryman_deduper._traces import DeduperTraces, with_traceparent
 from ferryman_wrapper._traces import _with_headers
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode, get_current_span
 
 TP_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -208,20 +219,28 @@ def test_records_with_headers_are_found_alike_by_both_codecs(compiled: bool, mon
     assert [(i, p.traceparent if p else None) for i, p in decided] == [(1, TP_SAMPLED)]
 
 
-def _tracing(**overrides: object) -> tuple[Tracing, InMemorySpanExporter]:
-    """A Tracing whose record spans go to memory."""
-    spans = InMemorySpanExporter()
+class _Finished:
+    """The record spans a Tracing exported so far (flushed on each look)."""
+
+    def __init__(self, tracing: Tracing, memory: InMemorySpanExporter) -> None:
+        self._tracing, self._memory = tracing, memory
+
+    def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        assert self._tracing.records.flush(5)
+        return self._memory.get_finished_spans()
+
+
+def _tracing(**overrides: object) -> tuple[Tracing, _Finished]:
+    """A Tracing whose record spans go to memory (as SDK spans)."""
+    memory = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
     config = TracingConfig(enabled=True, **overrides)  # type: ignore[arg-type]
-    tracing = Tracing(
-        config=config,
-        sampler=RecordSampler.of(config),
-        records=provider.get_tracer("t"),
-        provider=provider,
-        record_provider=provider,
+    records = RecordSpans(
+        SdkBatches(memory, Resource.create({}), InstrumentationScope("t")), max_links=config.max_links
     )
-    return tracing, spans
+    tracing = Tracing(config=config, sampler=RecordSampler.of(config), records=records, provider=provider)
+    return tracing, _Finished(tracing, memory)
 
 
 def test_deduper_continues_the_wrapper_span_and_writes_its_publish_span_as_traceparent() -> None:
@@ -267,4 +286,18 @@ def test_deduper_leaves_headers_alone_when_no_written_record_is_traced() -> None
         + envelope.record_traces_suffix([(10, TP_SAMPLED, "")])
     )
     assert traces.written(env, 1, destination="d", staging_partition=0, staging_offset=1, headers=None) is None
+    assert spans.get_finished_spans() == ()
+
+
+def test_deduper_ignores_a_record_trace_that_is_not_a_valid_traceparent() -> None:
+    tracing, spans = _tracing()
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
+        + envelope.record_traces_suffix([(10, "00-not-hex-01", ""), (11, TP_SAMPLED.upper(), "")])
+    )
+    column = traces.written(env, 0, destination="d", staging_partition=0, staging_offset=1, headers=None)
+    assert column == [None, None, None]  # nothing to continue: no span, no traceparent written
+    traces.committed(records=3, started_ns=1)
     assert spans.get_finished_spans() == ()

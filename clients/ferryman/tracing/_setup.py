@@ -1,15 +1,16 @@
-"""The tracer providers of a service process, set up explicitly from the ``tracing`` section.
+"""The span pipelines of a service process, set up explicitly from the ``tracing`` section.
 
-Two providers share the configured exporter (one export pipeline each):
+Two pipelines share the configured exporter kind (an exporter each):
 
-* ``records`` samples every span it is asked for: record spans are created
-  only for records the `RecordSampler` already chose, so the SDK must not
-  decide a second time (a ratio applied twice would trace ratio² of them);
-* ``provider`` applies the configured sampler, for gRPC calls and anything
-  else that starts spans without a record behind it.
+* ``records`` (`RecordSpans`): the spans of traced records, built without the
+  SDK (``_lean``) and encoded in batches straight to the exporter's format
+  (``_export``). Records are traced only when the `RecordSampler` chose them,
+  so nothing decides a second time (a ratio applied twice would trace ratio²);
+* ``provider``: an SDK tracer provider with the configured sampler, for gRPC
+  calls and anything else that starts spans without a record behind it.
 
-Nothing is installed globally: the services pass these providers to the code
-that makes spans (the data paths, the gRPC interceptors).
+Nothing is installed globally: the services pass these to the code that makes
+spans (the data paths, the gRPC interceptors).
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Tracer
 
 from ferryman.config import TracingConfig
 from ferryman.errors import ConfigError
+from ferryman.tracing._export import SdkBatches
+from ferryman.tracing._lean import BatchExporter, RecordSpans
 from ferryman.tracing._sampling import RecordSampler
 
 _log = logging.getLogger(__name__)
@@ -54,30 +58,56 @@ def otel_sampler(config: TracingConfig) -> Sampler:
     return ParentBased(root) if config.sampler.startswith("parentbased_") else root
 
 
-def _exporter(config: TracingConfig) -> SpanExporter:
-    """A new exporter of the configured kind (its packages are imported only when chosen)."""
+def _exporter(config: TracingConfig, file: IO[str] | None = None) -> SpanExporter:
+    """A new exporter of the configured kind (its packages are imported only when chosen).
+
+    file: the open ``file_path`` another exporter writes to (both pipelines share one stream).
+    """
     endpoint = config.endpoint or None
     if config.exporter == "otlp-grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter  # noqa: PLC0415 (only the chosen exporter is imported)
+        from ferryman.tracing._otlp import GrpcSpanExporter  # noqa: PLC0415 (only the chosen exporter is imported)
 
         insecure = endpoint is not None and endpoint.startswith("http://")
-        return GrpcExporter(endpoint=endpoint, insecure=insecure or None)
+        return GrpcSpanExporter(endpoint=endpoint, insecure=insecure or None)
     if config.exporter == "otlp-http":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter  # noqa: PLC0415 (only the chosen exporter is imported)
+        from ferryman.tracing._otlp import HttpSpanExporter  # noqa: PLC0415 (only the chosen exporter is imported)
 
-        return HttpExporter(endpoint=endpoint)
+        return HttpSpanExporter(endpoint=endpoint)
     if config.exporter == "zipkin":
         from opentelemetry.exporter.zipkin.json import ZipkinExporter  # noqa: PLC0415 (only the chosen exporter is imported)
 
         return ZipkinExporter(endpoint=endpoint)
     if config.exporter == "file":
         try:
-            out: IO[str] = config.file_path.open("a", encoding="utf-8")
+            out: IO[str] = file or config.file_path.open("a", encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"tracing.file_path: cannot open {config.file_path}: {exc}") from exc
         one_line: Callable[[ReadableSpan], str] = lambda span: span.to_json(indent=None) + "\n"  # noqa: E731
         return ConsoleSpanExporter(out=out, formatter=one_line)
     return ConsoleSpanExporter()
+
+
+def _record_batches(config: TracingConfig, exporter: SpanExporter, resource: Resource) -> BatchExporter:
+    """The record spans' exporter: the configured exporter's own wire format when we write it, else SDK spans."""
+    scope = InstrumentationScope(SCOPE)
+    if config.exporter == "zipkin":
+        from opentelemetry.exporter.zipkin.json import ZipkinExporter  # noqa: PLC0415 (loaded when chosen)
+
+        from ferryman.tracing._zipkin import ZipkinBatches  # noqa: PLC0415 (loaded when chosen)
+
+        assert isinstance(exporter, ZipkinExporter)
+        return ZipkinBatches(exporter, resource, scope)
+    if config.exporter in ("otlp-grpc", "otlp-http"):
+        from ferryman.tracing._otlp import GrpcSpanExporter, HttpSpanExporter, OtlpBatches  # noqa: PLC0415 (loaded when chosen)
+
+        assert isinstance(exporter, GrpcSpanExporter | HttpSpanExporter)
+        return OtlpBatches(exporter, resource, scope)
+    if config.exporter == "file":
+        from ferryman.tracing._file import FileBatches  # noqa: PLC0415 (loaded when chosen)
+
+        assert isinstance(exporter, ConsoleSpanExporter)
+        return FileBatches(exporter, resource)
+    return SdkBatches(exporter, resource, scope)  # the console: for people to read, at low rates
 
 
 @dataclass(frozen=True)
@@ -87,11 +117,10 @@ class Tracing:
     config: TracingConfig
     sampler: RecordSampler
     """Decides which records are traced (the data path's thread only)."""
-    records: Tracer
-    """Tracer of record spans (samples whatever ``sampler`` chose)."""
+    records: RecordSpans
+    """Where record spans go (whatever ``sampler`` chose)."""
     provider: TracerProvider
     """Provider applying the configured sampler: gRPC interceptors and other spans."""
-    record_provider: TracerProvider
 
     @property
     def tracer(self) -> Tracer:
@@ -100,11 +129,11 @@ class Tracing:
 
     def shutdown(self) -> None:
         """Export what is buffered (within ``export_timeout_s`` each) and stop; idempotent."""
-        timeout_ms = int(self.config.export_timeout_s * 1000)
-        for provider in (self.record_provider, self.provider):
-            if not provider.force_flush(timeout_ms):
-                _log.warning("tracing: spans not all exported within %.1f s", self.config.export_timeout_s)
-            provider.shutdown()
+        timeout_s = self.config.export_timeout_s
+        flushed = self.records.shutdown(timeout_s)
+        if not (self.provider.force_flush(int(timeout_s * 1000)) and flushed):
+            _log.warning("tracing: spans not all exported within %.1f s", timeout_s)
+        self.provider.shutdown()
 
 
 def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing | None:
@@ -116,10 +145,11 @@ def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing |
     if not config.enabled:
         return None
     resource = Resource.create({"service.name": config.service_name or default_service_name})
-    record_provider = TracerProvider(sampler=ALWAYS_ON, resource=resource)
-    record_provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
+    exporter = _exporter(config)
+    records = RecordSpans(_record_batches(config, exporter, resource), max_links=config.max_links)
+    file = exporter.out if config.exporter == "file" and isinstance(exporter, ConsoleSpanExporter) else None
     provider = TracerProvider(sampler=otel_sampler(config), resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
+    provider.add_span_processor(BatchSpanProcessor(_exporter(config, file)))
     _log.info(
         "tracing on: sampler %s (ratio %g), exporter %s%s",
         config.sampler,
@@ -130,7 +160,6 @@ def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing |
     return Tracing(
         config=config,
         sampler=RecordSampler.of(config),
-        records=record_provider.get_tracer(SCOPE),
+        records=records,
         provider=provider,
-        record_provider=record_provider,
     )

@@ -11,11 +11,8 @@ Ferryman's own coordinates go under ``ferryman.*``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState, set_span_in_context
-from opentelemetry.util.types import Attributes
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState, set_span_in_context
 
 from ferryman.tracing._sampling import ParentContext, format_traceparent
 
@@ -71,8 +68,3 @@ def tracestate_of(span: Span) -> str:
     """The span's ``tracestate`` header value (empty when it has none)."""
     state = span.get_span_context().trace_state
     return state.to_header() if state else ""
-
-
-def capped_links(spans: Sequence[Span], cap: int, attributes: Attributes = None) -> list[Link]:
-    """Links to the first cap spans (a commit or resend span links the records it carries)."""
-    return [Link(s.get_span_context(), attributes) for s in spans[:cap]]

@@ -15,22 +15,28 @@ write that is not in the destination as a success.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Sequence
 
 from ferryman import envelope
 from ferryman.envelope import Headers
 from ferryman.tracing import (
+    ERROR,
+    OK,
     TRACEPARENT,
-    ParentContext,
+    RecordSpan,
+    SpanShape,
     Tracing,
-    capped_links,
     kafka_attributes,
-    parent_context,
-    traceparent_of,
+    new_span_id,
+    new_trace_id,
+    parse_traceparent,
 )
-from ferryman.tracing._spans import CONSUMER_GROUP, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
+from opentelemetry.trace import SpanKind
+
+#: The ``ferryman commit`` span's shape (no topic: a transaction spans partitions).
+COMMIT = SpanShape("ferryman commit", SpanKind.INTERNAL, {})
 
 
 def with_traceparent(headers: Headers | None, traceparent: str) -> Headers:
@@ -51,11 +57,30 @@ class DeduperTraces:
     """Record spans of the open transaction (data-path thread only)."""
 
     def __init__(self, tracing: Tracing, *, staging_topic: str, consumer_group: str) -> None:
-        self._tracer = tracing.records
-        self._max_links = tracing.config.max_links
+        self._spans = tracing.records
         self._staging = staging_topic
         self._group = consumer_group
-        self._open: list[Span] = []
+        self._open: list[RecordSpan] = []
+        self._process: dict[tuple[int, str, int], SpanShape] = {}
+        self._publish: dict[tuple[str, int], SpanShape] = {}
+
+    def _shapes(
+        self, staging_partition: int, source_topic: str, partition: int, destination: str
+    ) -> tuple[SpanShape, SpanShape]:
+        """The process and publish span shapes of a staging partition's records from a source partition."""
+        process = self._process.get((staging_partition, source_topic, partition))
+        if process is None:
+            attributes = kafka_attributes("process", self._staging, staging_partition)
+            attributes.update({CONSUMER_GROUP: self._group, SOURCE_TOPIC: source_topic, SOURCE_PARTITION: partition})
+            process = SpanShape(f"{self._staging} process", SpanKind.CONSUMER, attributes)
+            self._process[staging_partition, source_topic, partition] = process
+        publish = self._publish.get((destination, partition))
+        if publish is None:
+            publish = SpanShape(
+                f"{destination} publish", SpanKind.PRODUCER, kafka_attributes("publish", destination, partition)
+            )
+            self._publish[destination, partition] = publish
+        return process, publish
 
     def written(
         self,
@@ -81,34 +106,19 @@ class DeduperTraces:
             return None if headers is None else list(headers)
         column: list[Headers | None] = list(headers) if headers is not None else [None] * len(offsets)
         src = env.source
+        process_shape, publish_shape = self._shapes(staging_partition, src.topic, src.partition, destination)
+        staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
+        end, opened = self._spans.end, self._open
         for offset, (traceparent, tracestate) in traced:
             i = bisect.bisect_left(offsets, offset)
-            if i >= len(offsets) or offsets[i] != offset:
-                continue  # not one of the envelope's records: nothing to continue
-            attributes = kafka_attributes("process", self._staging, staging_partition, staging_offset)
-            attributes.update(
-                {
-                    CONSUMER_GROUP: self._group,
-                    SOURCE_TOPIC: src.topic,
-                    SOURCE_PARTITION: src.partition,
-                    SOURCE_OFFSET: offset,
-                }
-            )
-            process = self._tracer.start_span(
-                f"{self._staging} process",
-                context=parent_context(ParentContext(traceparent, tracestate)),
-                kind=SpanKind.CONSUMER,
-                attributes=attributes,
-            )
-            publish = self._tracer.start_span(
-                f"{destination} publish",
-                context=set_span_in_context(process),
-                kind=SpanKind.PRODUCER,
-                attributes=kafka_attributes("publish", destination, src.partition),
-            )
-            process.end()
-            self._open.append(publish)
-            column[i] = with_traceparent(column[i], traceparent_of(publish))
+            if i >= len(offsets) or offsets[i] != offset or parse_traceparent(traceparent) is None:
+                continue  # not one of the envelope's records, or no valid context: nothing to continue
+            now, trace_id, process_id = time.time_ns(), traceparent[3:35], new_span_id()
+            attributes = (*staging, (SOURCE_OFFSET, offset))
+            end(RecordSpan(process_shape, trace_id, process_id, traceparent[36:52], now, True, tracestate, attributes))
+            publish = RecordSpan(publish_shape, trace_id, new_span_id(), process_id, now, False, tracestate)
+            opened.append(publish)
+            column[i] = with_traceparent(column[i], publish.traceparent)
         return column
 
     def committed(self, records: int, started_ns: int) -> None:
@@ -120,23 +130,27 @@ class DeduperTraces:
         """
         if not self._open:
             return
-        commit = self._tracer.start_span(
-            "ferryman commit",
-            context=Context(),
-            start_time=started_ns,
-            kind=SpanKind.INTERNAL,
-            links=capped_links(self._open, self._max_links),
-            attributes={"ferryman.transaction.records": records, "ferryman.traced_records": len(self._open)},
+        spans = self._spans
+        commit = RecordSpan(
+            COMMIT,
+            new_trace_id(),
+            new_span_id(),
+            "",
+            started_ns,
+            attributes=(("ferryman.transaction.records", records), ("ferryman.traced_records", len(self._open))),
+            links=spans.links(self._open),
         )
+        now = time.time_ns()
         for span in self._open:
-            span.set_status(Status(StatusCode.OK))
-            span.end()
-        commit.end()
-        self._open.clear()
+            span.status = OK
+            spans.end(span, now)
+        spans.end(commit, now)
+        self._open = []
 
     def aborted(self, why: str) -> None:
         """The open transaction was aborted or dropped: its traced writes end with an error status."""
+        now, message = time.time_ns(), f"transaction not committed: {why}"
         for span in self._open:
-            span.set_status(Status(StatusCode.ERROR, f"transaction not committed: {why}"))
-            span.end()
-        self._open.clear()
+            span.status, span.message = ERROR, message
+            self._spans.end(span, now)
+        self._open = []

@@ -31,10 +31,9 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ferryman.config import RpcConfig
 from ferryman.errors import FerrymanError
 from ferryman.rpc import open_channel, rpc_error_from
-from ferryman.tracing import RecordSampler, Tracing, capped_links, kafka_attributes
+from ferryman.tracing import RecordSampler, RecordSpan, SpanShape, Tracing, kafka_attributes, new_span_id, new_trace_id
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, TracerProvider
+from opentelemetry.trace import SpanKind, TracerProvider
 
 from ferryman_wrapper._envelopes import build_envelopes
 from ferryman_wrapper._traces import RunTraces, WrapperTraces
@@ -346,14 +345,14 @@ class ResendWorker:
         self._send(link, request.request_id, chunk, done=True)
         if traced is not None:
             traced.end()
-        if resend_span is not None:
-            resend_span.end()
+        if resend_span is not None and self._tracing is not None:
+            self._tracing.records.end(resend_span)
 
-    def _resend_span(self, request: control_pb2.ResendRequest, traced: RunTraces) -> Span:
+    def _resend_span(self, request: control_pb2.ResendRequest, traced: RunTraces) -> RecordSpan:
         """A ``ferryman resend`` span for one answer, linked to (at most max_links of) its traced records."""
         assert self._tracing is not None
         src = request.source
-        spans = [span for _, span, _ in traced.spans]
+        spans = [span for _, span in traced.spans]
         attributes = kafka_attributes("publish", src.topic, src.partition)
         attributes.update(
             {
@@ -363,12 +362,9 @@ class ResendWorker:
                 "ferryman.traced_records": len(spans),
             }
         )
-        return self._tracing.records.start_span(
-            "ferryman resend",
-            context=Context(),
-            kind=SpanKind.PRODUCER,
-            links=capped_links(spans, self._tracing.config.max_links),
-            attributes=attributes,
+        shape = SpanShape("ferryman resend", SpanKind.PRODUCER, attributes)  # one per answer: a rare span
+        return RecordSpan(
+            shape, new_trace_id(), new_span_id(), "", time.time_ns(), links=self._tracing.records.links(spans)
         )
 
     def _send(

@@ -10,16 +10,24 @@ its records are handed to the producer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Message
 from ferryman import envelope
-from ferryman.tracing import RecordSampler, Tracing, kafka_attributes, parent_context, traceparent_of
-from ferryman.tracing._spans import CONSUMER_GROUP
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind
+from ferryman.tracing import (
+    RecordSampler,
+    RecordSpan,
+    SpanShape,
+    Tracing,
+    kafka_attributes,
+    new_span_id,
+    new_trace_id,
+)
+from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW
+from opentelemetry.trace import SpanKind
 
 _headers: Any = Message.headers
 _offset: Any = Message.offset
@@ -27,20 +35,22 @@ _offset: Any = Message.offset
 
 @dataclass
 class RunTraces:
-    """The traced records of one run: (source offset, span, tracestate), by offset."""
+    """The traced records of one run: (source offset, span), by offset."""
 
-    spans: list[tuple[int, Span, str]]
+    spans: list[tuple[int, RecordSpan]]
+    _tracing: Tracing
 
     def suffix(self, after: int, upto: int) -> bytes:
         """The record_traces of an envelope holding the run's records after ``after`` up to ``upto``."""
         return envelope.record_traces_suffix(
-            (offset, traceparent_of(span), state) for offset, span, state in self.spans if after < offset <= upto
+            (offset, span.traceparent, span.tracestate) for offset, span in self.spans if after < offset <= upto
         )
 
     def end(self) -> None:
         """End every span (the run's envelopes are produced)."""
-        for _, span, _ in self.spans:
-            span.end()
+        now, end = time.time_ns(), self._tracing.records.end
+        for _, span in self.spans:
+            end(span, now)
 
 
 def _with_headers(run: Sequence[Message]) -> list[tuple[int, Any]]:
@@ -62,26 +72,33 @@ class WrapperTraces:
             consumer_group: the source consumer group (an attribute of every span).
             sampler: the decision for another thread (the resend worker); default the process's.
         """
-        self._tracer = tracing.records
+        self._tracing = tracing
         self._sampler = sampler or tracing.sampler
         self._group = consumer_group
+        self._shapes: dict[tuple[str, int], SpanShape] = {}
+
+    def _shape(self, topic: str, partition: int) -> SpanShape:
+        """The process span shape of a source partition (made once)."""
+        attributes = kafka_attributes("process", topic, partition)
+        attributes[CONSUMER_GROUP] = self._group
+        shape = self._shapes[topic, partition] = SpanShape(f"{topic} process", SpanKind.CONSUMER, attributes)
+        return shape
 
     def start(self, topic: str, partition: int, run: Sequence[Message]) -> RunTraces | None:
         """Spans for the traced records of run (one source partition, offset order); None when none is traced."""
         decided = self._sampler.decide(len(run), _with_headers(run))
         if not decided:
             return None
-        spans: list[tuple[int, Span, str]] = []
+        shape = self._shapes.get((topic, partition)) or self._shape(topic, partition)
+        now = time.time_ns()
+        spans: list[tuple[int, RecordSpan]] = []
         for i, parent in decided:
             offset = _offset(run[i])
-            attributes = kafka_attributes("process", topic, partition, offset)
-            attributes[CONSUMER_GROUP] = self._group
-            span = self._tracer.start_span(
-                f"{topic} process",
-                # An empty context, not the current one: a record without trace context starts a trace.
-                context=parent_context(parent) if parent is not None else Context(),
-                kind=SpanKind.CONSUMER,
-                attributes=attributes,
-            )
-            spans.append((offset, span, parent.tracestate if parent is not None else ""))
-        return RunTraces(spans)
+            offsets = ((OFFSET, offset), (OFFSET_NEW, offset))
+            if parent is None:  # a record without trace context starts a trace
+                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now, False, "", offsets)
+            else:
+                tp = parent.traceparent
+                span = RecordSpan(shape, tp[3:35], new_span_id(), tp[36:52], now, True, parent.tracestate, offsets)
+            spans.append((offset, span))
+        return RunTraces(spans, self._tracing)
