@@ -16,7 +16,7 @@ from tests.chaos.schedule import CI, LONG, counts
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
-    parser.add_argument("--long", action="store_true", help="the long schedule (>= 1 M records, 200 faults)")
+    parser.add_argument("--long", action="store_true", help="the long schedule (>= 1 M records, 120 faults)")
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: the time)")
     parser.add_argument("--out", type=Path, default=None, help="where the report and the logs go")
     parser.add_argument("--plan", action="store_true", help="print the schedule and exit")

@@ -116,7 +116,7 @@ kill on each cluster)."""
 
 LONG = Profile(
     name="long",
-    faults=200,
+    faults=120,
     min_each={
         Kind.KILL: 40,
         Kind.TERM: 12,

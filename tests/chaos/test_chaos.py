@@ -15,7 +15,7 @@ from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import CI, LONG, Profile
 
 # The CI-sized schedule runs in every CI run (~5 min on a 2-core machine: its own four brokers, 14 faults);
-# the long one (>= 1 M records, 200 faults) nightly (FERRYMAN_NIGHTLY=1) or with `python -m tests.chaos --long`.
+# the long one (>= 1 M records, 120 faults) nightly (FERRYMAN_NIGHTLY=1) or with `python -m tests.chaos --long`.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: CI's seed; FERRYMAN_CHAOS_SEED replays another one (a failing nightly's, say).
