@@ -150,14 +150,18 @@ def hold_env(call: str, marker: Path) -> dict[str, str]:
 
 
 CASES = [
-    # (victim cluster, moment, broker shutdown); SIGKILL for every moment, SIGTERM for two in CI.
+    # (victim cluster, moment, broker shutdown). CI runs SIGKILL at the moments a hook pins (and the open
+    # transaction, for what status says meanwhile); the rest nightly: the chaos suite's CI schedule kills
+    # brokers of both clusters at random moments under load.
     pytest.param("destination", "open-transaction", signal.SIGKILL, id="destination-kill-transaction-open"),
     pytest.param("destination", "send_offsets_to_transaction", signal.SIGKILL, id="destination-kill-send-offsets"),
     pytest.param("destination", "commit_transaction", signal.SIGKILL, id="destination-kill-commit"),
-    pytest.param("source", "consume", signal.SIGKILL, id="source-kill-consume"),
+    pytest.param("source", "consume", signal.SIGKILL, id="source-kill-consume", marks=pytest.mark.nightly),
     pytest.param("source", "source-commit", signal.SIGKILL, id="source-kill-offset-commit"),
-    pytest.param("destination", "commit_transaction", signal.SIGTERM, id="destination-stop-commit"),
-    pytest.param("source", "source-commit", signal.SIGTERM, id="source-stop-offset-commit"),
+    pytest.param(
+        "destination", "commit_transaction", signal.SIGTERM, id="destination-stop-commit", marks=pytest.mark.nightly
+    ),
+    pytest.param("source", "source-commit", signal.SIGTERM, id="source-stop-offset-commit", marks=pytest.mark.nightly),
     pytest.param(
         "destination",
         "open-transaction",
