@@ -40,7 +40,6 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
-from ferryman.group_watch import OrphanWatch
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient
 from ferryman.metrics import LATENCY_COUNT, deduper_metrics
@@ -140,7 +139,6 @@ class Deduper:
         self._hub: ControlHub | None = None
         self._control: ControlTicker | None = None
         self._verdicts: VerdictFollower | None = None
-        self._orphans: OrphanWatch | None = None
         self._last_commit_s = 0.0
         #: A failed step waiting to be recovered (the loop retries it with backoff).
         self._recovery: tuple[BaseException, str] | None = None
@@ -378,9 +376,6 @@ class Deduper:
             partition_counters=self.stats.by_partition,
         )
         self._parts.start()
-        staging = self._names.staging_topic
-        self._orphans = OrphanWatch(self._client_conf("group-watch"), self._names.deduper_group, lambda: [staging])
-        self._orphans.start()
         _log.info(
             "deduper %s starting: flow %s, staging %s, %s, envelope codec %s, produce path %s, latency count %s",
             self.instance_id,
@@ -514,9 +509,8 @@ class Deduper:
                 self._txn.recover(_abortable("the staging consumer was fenced"), "staging consumer fenced")
             self._gaps.clear()
             self._parts.check_consumer()
-        elif self._orphans is not None and self._orphans.take() and self._commit("rejoin"):
-            # Staging partitions nobody owns (ferryman.group_watch): rejoin, the open transaction committed
-            # first so that the revoke which follows finds nothing to commit.
+        elif self._parts.rejoin_due and self._commit("rejoin"):
+            # The open transaction is committed first, so that the revoke which follows finds nothing to commit.
             self._parts.rejoin()
 
     def _fail(self, exc: BaseException, what: str) -> None:
@@ -689,8 +683,6 @@ class Deduper:
         )
 
     def _close(self) -> None:
-        if self._orphans is not None:
-            self._orphans.stop()
         self._destinations.close()
         self._parts.close()
         self._txn.abort_quietly()

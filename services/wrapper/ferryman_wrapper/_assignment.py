@@ -65,7 +65,7 @@ class SourcePartitions:
         self.resubscribe_due = ""
         """Why the loop must leave and rejoin the group ("" when it need not)."""
         self.rejoin_after_first_assignment = False
-        """Set for a replacement consumer: its first assignment is followed by a rejoin (see ``on_assign``)."""
+        """Set for a new static member: its first assignment is followed by a rejoin (see ``on_assign``)."""
 
     def restart(self, key: PartitionKey, next_offset: int, logical: int | None = None) -> None:
         """(Re)start reading key at next_offset (or a logical offset) under a new epoch.
@@ -94,15 +94,16 @@ class SourcePartitions:
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebalance callback: start the new partitions (callbacks must not raise).
 
-        A replacement consumer (static membership) takes over the stored assignment of the member it replaces
-        without a rebalance. If that member was given up halfway through a cooperative rebalance, the
-        partitions it was to revoke belong to nobody, and nothing would ever start another rebalance
-        (measured: 5 minutes of silence on half the partitions in a chaos run, for ever in a probe). So
-        the replacement's first assignment is followed by one rejoin, which assigns them.
+        A new consumer with a ``group.instance.id`` (at start, or replacing one given up) takes over the
+        stored assignment of the member it succeeds without a rebalance. If that member stopped halfway
+        through a cooperative rebalance (told to revoke, not yet rejoined), the partitions it was to revoke
+        belong to nobody, and nothing would ever start another rebalance (a chaos run: 5 minutes of silence
+        on half the partitions; for ever in a probe). So its first assignment is followed by one rejoin,
+        which assigns them.
         """
         if self.rejoin_after_first_assignment:
             self.rejoin_after_first_assignment = False
-            self.resubscribe_due = "a replacement consumer rejoins once so that no partition is left without an owner"
+            self.resubscribe_due = "a new static member rejoins once so that no partition is left without an owner"
         if not partitions:
             return
         try:

@@ -42,7 +42,6 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
-from ferryman.group_watch import OrphanWatch
 from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import (
     FenceWindow,
@@ -145,7 +144,6 @@ class Wrapper:
         self._producer_fatal: KafkaError | None = None
         self._consumer_fatal: KafkaError | None = None
         self._subscribed: list[str] = []
-        self._orphans: OrphanWatch | None = None
         # A missing ACL reported by a consumer callback (a fetch or a group refused): a configuration error
         # raised by the loop (_check_callbacks), never retried as an outage.
         self._consumer_denied: KafkaError | None = None
@@ -325,12 +323,7 @@ class Wrapper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._consumer = self._make_consumer()
-        self._orphans = OrphanWatch(
-            base_config(self._source, f"{self.wrapper_id}-group-watch"),
-            self._names.wrapper_group,
-            lambda: self._subscribed,
-        )
-        self._orphans.start()
+        self._parts.rejoin_after_first_assignment = bool(self._static_id)  # see SourcePartitions.on_assign
         self._start_control()
         _log.info(
             "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s, checksum %s",
@@ -346,8 +339,6 @@ class Wrapper:
         try:
             self._loop()
         finally:
-            if self._orphans is not None:
-                self._orphans.stop()
             self._live.stop()
             self._server.begin_drain()
             self._close()
@@ -513,10 +504,8 @@ class Wrapper:
             # librdkafka keeps the topic ids it has seen: after a re-creation an assigned partition may
             # fetch nothing, with no error, until the client is replaced (confluent-kafka-python #1787).
             self._rebuild_consumer(f"source topic {names} was re-created (new topic id)")
-        elif self._orphans is not None and self._orphans.take():
-            self._parts.resubscribe_due = "source partitions owned by no member of the group (ferryman.group_watch)"
         elif self._parts.resubscribe_due:
-            _log.warning("rejoining the source consumer group: %s", self._parts.resubscribe_due)
+            _log.info("rejoining the source consumer group: %s", self._parts.resubscribe_due)
             self._parts.resubscribe_due = ""
             self._consumer.unsubscribe()
             self._subscribe(self._subscribed)
@@ -621,7 +610,7 @@ class Wrapper:
         # group.instance.id; the new one's first assignment is followed by a rejoin (SourcePartitions.on_assign).
         park(self._consumer)
         self._consumer = self._make_consumer()
-        self._parts.rejoin_after_first_assignment = True
+        self._parts.rejoin_after_first_assignment = bool(self._static_id)
         self._subscribe(self._subscribed)
 
     def _deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
