@@ -144,6 +144,19 @@ def test_a_fence_of_a_transaction_older_than_its_timeout_is_our_own_and_rebuilds
     assert len(producers.made) == 2
 
 
+def test_a_fence_of_a_transaction_older_than_its_timeout_goes_to_recovery_not_out_of_the_loop() -> None:
+    # Seen in a chaos run at load ~98: a commit's flush took seconds, the coordinator expired the transaction
+    # and bumped our epoch, and the fence at EndTxn was re-raised past recovery: the deduper exited.
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    t.begin()
+    assert not t.fence_may_be_ours(fenced())  # young: a twin
+    t.started = time.monotonic() - 2.0
+    assert t.fence_may_be_ours(fenced())
+    t.recover(fenced(), "commit (revoke)")
+    assert len(producers.made) == 2
+
+
 def fenced() -> KafkaException:
     return KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
 
@@ -172,8 +185,8 @@ def test_a_fence_long_after_the_last_replacement_is_a_twin(monkeypatch: pytest.M
     t.begin()
     later = time.monotonic() + 2.0
     monkeypatch.setattr("ferryman_deduper._transaction.time.monotonic", lambda: later)
+    t.started = later  # a young transaction
     assert not t.fence_may_be_ours(fenced())
-    t.started = later
     with pytest.raises(FencedError):
         t.recover(fenced(), "commit")
 

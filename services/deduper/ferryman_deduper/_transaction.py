@@ -166,13 +166,19 @@ class Transaction:
             raise
 
     def fence_may_be_ours(self, exc: BaseException) -> bool:
-        """Whether exc, a fence, may come from a producer of ours replaced less than transaction.timeout.ms ago.
+        """Whether exc, a fence, may be of our own making rather than a twin's; such a fence goes to `recover`.
 
-        Such a fence goes to `recover`, which forgives one per replacement.
+        Ours: a producer of ours replaced less than transaction.timeout.ms ago (its late epoch bump; forgiven
+        once per replacement), or the open transaction has outlived transaction.timeout.ms, so the coordinator
+        may have aborted it and bumped our epoch (transaction.version 2 does; seen in a chaos run at load ~98,
+        where a commit's flush took seconds: the deduper exited as if a twin had fenced it). The
+        coordinator's clock starts at the transaction's first partition, after ours: younger than the timeout
+        by our clock, it cannot have expired.
         """
-        at = self._replaced_at
-        recent = at is not None and (time.monotonic() - at) * 1000 < self._dc.transaction_timeout_ms
-        return recent and isinstance(exc, (KafkaException, KafkaOperationError))
+        now, timeout_s = time.monotonic(), self._dc.transaction_timeout_ms / 1000
+        recent = self._replaced_at is not None and now - self._replaced_at < timeout_s
+        outlived = self.open and now - self.started >= timeout_s
+        return (recent or outlived) and isinstance(exc, (KafkaException, KafkaOperationError))
 
     def rebuild(self, *, after_own_fence: bool = False) -> None:
         """Replace the producer; init_transactions resolves whatever the old one left open."""
@@ -313,12 +319,13 @@ class Transaction:
             return
         cls = self._class_of(exc)
         own_fence = False
-        if cls is ErrorClass.FENCED and self.fence_may_be_ours(exc):
+        replaced_s = time.monotonic() - self._replaced_at if self._replaced_at is not None else None
+        if cls is ErrorClass.FENCED and replaced_s is not None and replaced_s * 1000 < self._dc.transaction_timeout_ms:
             _log.warning(
                 "%s: fenced %.1f s after this deduper replaced its own producer: most likely that producer's late "
                 "epoch bump, not a twin; rebuilding (another fence before the next replacement stops the deduper)",
                 what,
-                time.monotonic() - (self._replaced_at or 0.0),
+                replaced_s,
             )
             cls, own_fence = ErrorClass.FATAL, True
         if cls is ErrorClass.FENCED:
