@@ -139,7 +139,7 @@ def _replicate(
     try:
         sampler = TreeSampler(p.pid for p in row.processes)
         deadline = launched + _COPY_BASE_S + args.records / _COPY_RECORDS_PER_S
-        watcher = LiveWatcher(destination, row.destination_topic(topic), counts, deadline)
+        watcher = LiveWatcher(destination, [row.destination_topic(topic)], counts, deadline)
         while not watcher.done.wait(0.5):
             if (died := row.exited()) is not None or time.monotonic() > deadline:
                 raise RuntimeError(died or f"timeout: {watcher.tally.unique:,} of {args.records:,} visible")
@@ -247,7 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         topic = f"bench-audit-{uuid.uuid4().hex[:6]}"
         create_topics(source, [topic], args.partitions, {"retention.ms": "-1"})
         budget = _PRELOAD_BASE_S + args.records / _PRELOAD_RECORDS_PER_S
-        loaded = preload(source, topic, split_counts(args.records, args.partitions), args.value_bytes, budget_s=budget)
+        loaded = preload(
+            source, [topic], split_counts(args.records, args.partitions), args.value_bytes, budget_s=budget
+        )
         _log(f"preloaded {topic}: {loaded.records:,} records in {loaded.seconds:.1f} s")
         if args.warmup_seconds > 0:
             warm_up(source, destination, f"{topic}-warmup", args.partitions, args.warmup_seconds, args.value_bytes)

@@ -269,7 +269,7 @@ def measure(
     floor = (destination, destination_topic) == (source, source_topic)
     watcher = LiveWatcher(
         destination,
-        destination_topic,
+        [destination_topic],
         counts,
         deadline,
         # The source's append time: as stamped there (the floor), or kept by the replicator as the copy's CreateTime.

@@ -51,21 +51,27 @@ class LoadProducer:
         if err is not None:
             self.errors.append(err)
 
-    def produce_run(self, topic: str, partition: int, seqs: range, pad: bytes) -> int:
+    def produce_run(
+        self, topic: str, partition: int, seqs: range, pad: bytes, *, header_partition: int | None = None
+    ) -> int:
         """Queue records ``seqs`` of ``partition`` (the ``bench.records`` format) in one C-level loop.
 
         No Python code runs per record: ``map`` formats the values and keys and drives
         ``produce()`` (about 1 us per record less than a Python loop, which matters when
         the offered load shares 2 cores with what it measures).
 
+        ``header_partition``: the partition number the values' headers carry, when it is
+        not ``partition`` (one of several source topics: ``bench.records``).
+
         Returns:
             How many records were queued: all of them, or those before the first one
             librdkafka's full queue refused (``BufferError``); the caller polls and resumes.
         """
+        numbered = partition if header_partition is None else header_partition
         if self.direct:
-            return self._produce_direct(topic, partition, seqs, pad)
+            return self._produce_direct(topic, partition, numbered, seqs, pad)
         value_seqs = iter(seqs)
-        values, keys = values_of(partition, value_seqs, pad), keys_of(iter(seqs))
+        values, keys = values_of(numbered, value_seqs, pad), keys_of(iter(seqs))
         calls = map(self.producer.produce, repeat(topic), values, keys, repeat(partition))
         try:
             deque(calls, maxlen=0)
@@ -74,11 +80,11 @@ class LoadProducer:
             return len(seqs) - length_hint(value_seqs) - 1
         return len(seqs)
 
-    def _produce_direct(self, topic: str, partition: int, seqs: range, pad: bytes) -> int:
-        """``produce_run`` through ``ferryman.rowproduce``'s direct path."""
+    def _produce_direct(self, topic: str, partition: int, numbered: int, seqs: range, pad: bytes) -> int:
+        """``produce_run`` through ``ferryman.rowproduce``'s direct path (headers carry partition ``numbered``)."""
         if len(self._zeros) < len(seqs):
             self._zeros = [0] * len(seqs)
-        columns: list[list[Any]] = [list(values_of(partition, seqs, pad)), list(keys_of(seqs)), self._zeros]
+        columns: list[list[Any]] = [list(values_of(numbered, seqs, pad)), list(keys_of(seqs)), self._zeros]
         return rowproduce.produce_run(
             self.producer, topic, partition, columns, start=0, n=len(seqs), direct=True, wait=False
         )

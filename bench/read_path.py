@@ -37,7 +37,7 @@ _BUDGET_S = 300.0
 def _preload(bootstrap: str, records: int, value_bytes: int) -> str:
     topic = f"read-path-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], _PARTITIONS, SOURCE_TOPIC_CONFIG)
-    preload(bootstrap, topic, split_counts(records, _PARTITIONS), value_bytes, budget_s=_BUDGET_S)
+    preload(bootstrap, [topic], split_counts(records, _PARTITIONS), value_bytes, budget_s=_BUDGET_S)
     return topic
 
 
@@ -47,7 +47,7 @@ def _child(path: str, bootstrap: str, topic: str, records: int) -> float:
     deadline = time.monotonic() + _BUDGET_S
     counts = split_counts(records, _PARTITIONS)
     watcher = LiveWatcher(
-        bootstrap, topic, counts, deadline, latency=TIMESTAMP_LOG_APPEND_TIME, direct=path == "direct"
+        bootstrap, [topic], counts, deadline, latency=TIMESTAMP_LOG_APPEND_TIME, direct=path == "direct"
     )
     watcher.done.wait(_BUDGET_S)
     watcher.stop(_BUDGET_S)

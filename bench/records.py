@@ -4,7 +4,11 @@ Every value starts with a fixed-width ASCII header ``PPPPSSSSSSSSSSSS``: the sou
 partition (4 digits) and the record's sequence number within that partition
 (12 digits), then ``:`` and padding up to the value size. Sequence numbers run
 0..n-1 per partition, so completeness, duplicates and order can be checked from
-the values alone, whatever the replicator does to offsets. Keys are never null
+the values alone, whatever the replicator does to offsets. With several source
+topics of P partitions each, the partition field numbers the partitions of all of
+them: partition p of the i-th topic is ``i * P + p``, so that one reader of all
+the copies can still tell every topic's records apart (and a record copied into
+the wrong topic shows). Keys are never null
 (``k`` + 7 digits) because real topics carry keys and a replicator must copy them.
 """
 
@@ -16,7 +20,7 @@ from collections.abc import Iterable, Iterator
 HEADER_BYTES = 16
 #: Smallest value the format allows: the header and the ``:`` separator.
 MIN_VALUE_BYTES = HEADER_BYTES + 1
-#: Partitions the 4-digit partition field can name.
+#: Partitions the 4-digit partition field can name (of all source topics together).
 MAX_PARTITIONS = 9999
 #: Every key is this long.
 KEY_BYTES = 8

@@ -1,7 +1,7 @@
 """Replication benchmark: Ferryman, a bare copy loop and MirrorMaker 2, on the same clusters and data.
 
-``python -m bench.replication [--scenario partitions|large|scale-out] [--records 1000000] [--value-bytes 100]
-[--partitions 8] [--staging-partitions N]
+``python -m bench.replication [--scenario partitions|large|scale-out|topics] [--records 1000000] [--value-bytes 100]
+[--partitions 8] [--topics 1] [--staging-partitions N]
 [--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
@@ -10,24 +10,28 @@ The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-tracedefault
 ``bench/rows/ferryman_observed.py``); a table compares them with ``ferryman-bare`` round by round.
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
-``--destination-bootstrap``), preloads one source topic, warms both brokers
-(``bench/warmup.py``), rehearses every row on a small topic of its own (a
+``--destination-bootstrap``), preloads the source topics (one by default;
+``--topics N``: N topics of ``--partitions`` partitions each, the records spread
+round-robin over all their partitions), warms both brokers
+(``bench/warmup.py``), rehearses every row on small topics of its own (a
 freshly started broker JIT-compiles each row's paths the first time it sees
 them, and that cost used to land on whichever row was measured first), then
 for each row:
 
-1. throughput: the row's processes copy the preloaded topic to a fresh destination
-   topic; a read_committed reader of the destination times it from the first
+1. throughput: the row's processes copy the preloaded topics to fresh destination
+   topics; one read_committed reader of all of them times it from the first
    record visible to the last (steady state) and from the processes' launch,
    while the CPU and RSS of the row's process trees (and the brokers' CPU) are sampled;
-2. latency: a fixed load below the maximum is offered to a second, empty source
-   topic the row already follows, and the reader measures visible time minus
-   each record's source append time (the topic is LogAppendTime; replicators keep
-   the timestamp on the copy) (p50, p99, max);
-3. verdict: the row is stopped and its destination topic read back in full:
-   every source (partition, seq) must be present; exactly-once rows must have no
-   duplicate and keep per-partition order. A row that fails is marked FAILED and
-   gets no ratio: a fast wrong answer cannot win.
+2. latency: a fixed load below the maximum is offered to one more, empty source
+   topic the row already follows (one, whatever ``--topics``: the phase measures
+   a record's way through, not the number of topics), and the reader measures
+   visible time minus each record's source append time (the topic is
+   LogAppendTime; replicators keep the timestamp on the copy) (p50, p99, max);
+3. verdict: the row is stopped and its destination topics read back in full:
+   every source (partition, seq) of every topic must be present, in the copy of
+   its own topic; exactly-once rows must have no duplicate and keep per-partition
+   order. A row that fails is marked FAILED and gets no ratio: a fast wrong
+   answer cannot win.
 
 Then, with ``--rounds N`` (3 by default), the copy is repeated N - 1 more times,
 the rows interleaved round by round (ferryman, copyloop, ... then again), each
@@ -85,7 +89,7 @@ from bench.report import (
 )
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
-from bench.topics import create_topics
+from bench.topics import create_topics, describe
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
 
@@ -133,6 +137,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "large": {"records": 100_000, "value_bytes": 10_240},
     # Two wrappers and two dedupers sharing one flow at 256 partitions: does a second core help?
     "scale-out": {"partitions": 256, "wrapper_procs": 2, "deduper_procs": 2},
+    # 1,000 partitions over 100 topics: per-topic costs (discovery, destination topics, metadata, fetch and
+    # produce requests spanning many topics) besides the per-partition ones of "partitions".
+    "topics": {"topics": 100, "partitions": 10},
 }
 
 
@@ -141,11 +148,13 @@ class BenchConfig:
     """One run's settings, from the command line."""
 
     records: int
-    """Records preloaded into the source topic."""
+    """Records preloaded, spread round-robin over every partition of every source topic."""
     value_bytes: int
     """Size of every value."""
     partitions: int
     """Partitions of every source topic."""
+    topics: int
+    """Source topics preloaded and copied (the latency phase offers its load to one more)."""
     rows: tuple[str, ...]
     """Rows to run, in order."""
     options: RowOptions
@@ -155,7 +164,7 @@ class BenchConfig:
     latency_duration_s: float
     """Length of the offered load; 0 skips the latency phase."""
     rounds: int
-    """Copies of the preloaded topic per row, the rows interleaved round by round."""
+    """Copies of the preloaded topics per row, the rows interleaved round by round."""
     timeout_s: float
     """Deadline of one row's throughput phase."""
     warmup_seconds: float
@@ -183,8 +192,12 @@ class Stage:
     run_id: str
     source: str
     destination: str
-    topic: str
+    name: str
+    """The source topics' common name (``bench-<run>``); the run's other topics start with it too."""
+    topics: tuple[str, ...]
+    """The preloaded source topics: ``name`` itself, or ``name-tNN`` for each of several."""
     counts: list[int]
+    """Records per source partition, topic after topic (``bench.records``)."""
     broker_pids: list[int]
     work_dir: Path
 
@@ -198,13 +211,24 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         "--scenario",
         choices=sorted(SCENARIOS),
         help="a named shape (issue 29): partitions (256 partitions), large (100 k x 10 KB), scale-out (256 "
-        "partitions, two wrappers and two dedupers); explicit options override its settings",
+        "partitions, two wrappers and two dedupers), topics (100 topics x 10 partitions); explicit options override "
+        "its settings",
     )
     ap.add_argument(
-        "--records", type=int, default=1_000_000, help="records preloaded into the source topic (%(default)s)"
+        "--records",
+        type=int,
+        default=1_000_000,
+        help="records preloaded, spread over every partition of every source topic (%(default)s)",
     )
     ap.add_argument("--value-bytes", type=int, default=100, help="size of every value, keys are 8 bytes (%(default)s)")
     ap.add_argument("--partitions", type=int, default=8, help="partitions of the source topics (%(default)s)")
+    ap.add_argument(
+        "--topics",
+        type=int,
+        default=1,
+        help="source topics preloaded and copied, each with --partitions partitions; the latency phase offers its "
+        "load to one topic whatever this is (%(default)s)",
+    )
     ap.add_argument(
         "--rows",
         help=f"comma-separated, from: {', '.join(ROWS)} (default: {','.join(DEFAULT_ROWS)}; --smoke: "
@@ -237,12 +261,15 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         f"ferryman row runs, else {_DEFAULT_LATENCY_RATE:.0f}; --smoke: {_SMOKE_LATENCY_RATE:.0f})",
     )
     ap.add_argument(
-        "--latency-seconds", type=float, default=20.0, help="length of the latency phase, s; 0 skips it (%(default)s)"
+        "--latency-seconds",
+        type=float,
+        default=20.0,
+        help="length of the latency phase (its load goes to one topic, whatever --topics), s; 0 skips it (%(default)s)",
     )
     ap.add_argument(
         "--rounds",
         type=int,
-        help=f"copies of the preloaded topic per row, rows interleaved round by round; the latency phase runs in "
+        help=f"copies of the preloaded topics per row, rows interleaved round by round; the latency phase runs in "
         f"the first (default: {_DEFAULT_ROUNDS}; --smoke: {_SMOKE_ROUNDS})",
     )
     ap.add_argument("--timeout", type=float, help="deadline of one row's throughput phase, s (default: by size)")
@@ -293,14 +320,18 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         ap.error(f"--rows: give distinct rows from {', '.join(ROWS)} (got {args.rows!r})")
     if args.value_bytes < MIN_VALUE_BYTES:
         ap.error(f"--value-bytes must be at least {MIN_VALUE_BYTES} (the sequence header)")
-    if min(args.records, args.partitions, args.wrapper_procs, args.deduper_procs, args.mm2_tasks, args.rounds) < 1:
-        ap.error("--records, --partitions, --*-procs, --mm2-tasks and --rounds must be positive")
+    positive = (args.records, args.partitions, args.topics, args.wrapper_procs, args.deduper_procs, args.mm2_tasks)
+    if min(*positive, args.rounds) < 1:
+        ap.error("--records, --partitions, --topics, --*-procs, --mm2-tasks and --rounds must be positive")
     if args.staging_partitions is not None and args.staging_partitions < 1:
         ap.error("--staging-partitions must be positive")
     if args.rehearsal_records < 0:
         ap.error("--rehearsal-records must not be negative")
-    if args.partitions > MAX_PARTITIONS:
-        ap.error(f"--partitions: at most {MAX_PARTITIONS} (the record header's partition field)")
+    if args.topics * args.partitions > MAX_PARTITIONS:
+        ap.error(
+            f"--topics x --partitions: at most {MAX_PARTITIONS} (the record header's partition field numbers the "
+            "partitions of all source topics)"
+        )
     if bool(args.source) != bool(args.destination):
         ap.error("give both --source-bootstrap and --destination-bootstrap, or neither")
     if args.latency_rate == _HALF_FERRYMAN:
@@ -319,6 +350,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         records=args.records,
         value_bytes=args.value_bytes,
         partitions=args.partitions,
+        topics=args.topics,
         rows=rows,
         options=RowOptions(
             wrapper_procs=args.wrapper_procs,
@@ -348,50 +380,70 @@ def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+def _create_topics(
+    bootstrap: str, topics: Sequence[str], partitions: int, config: dict[str, str] | None = None
+) -> None:
     # retention.ms=-1: nothing is deleted under the bench, whatever the broker's retention checks.
-    create_topics(bootstrap, [topic], partitions, {"retention.ms": "-1", **(config or {})})
+    create_topics(bootstrap, topics, partitions, {"retention.ms": "-1", **(config or {})})
 
 
 def _audit_budget(records: int) -> float:
     return _AUDIT_BASE_S + records / _AUDIT_RECORDS_PER_S
 
 
-def _preloaded_topic(cfg: BenchConfig, source: str, topic: str, records: int) -> tuple[list[int], PreloadResult]:
-    """Create ``topic`` on the source and fill it with ``records`` bench records; return the per-partition counts."""
-    counts = split_counts(records, cfg.partitions)
-    _create_topic(source, topic, cfg.partitions)
+def _source_topics(name: str, n: int) -> tuple[str, ...]:
+    """The names of ``n`` source topics: ``name`` itself for one (as the bench always named it), else ``name-tNN``."""
+    if n == 1:
+        return (name,)
+    width = len(str(n - 1))
+    return tuple(f"{name}-t{i:0{width}d}" for i in range(n))
+
+
+def _preloaded_topics(
+    cfg: BenchConfig, source: str, name: str, records: int
+) -> tuple[tuple[str, ...], list[int], PreloadResult]:
+    """Create the source topics (``_source_topics``) and fill them with ``records`` bench records.
+
+    Returns:
+        The topics, the records of each of their partitions (topic after topic) and how the preload went.
+    """
+    topics = _source_topics(name, cfg.topics)
+    counts = split_counts(records, cfg.topics * cfg.partitions)
+    _create_topics(source, topics, cfg.partitions)
     loaded = preload(
-        source, topic, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(records)
+        source, topics, counts, cfg.value_bytes, processes=cfg.preload_procs, budget_s=_audit_budget(records)
     )
-    return counts, loaded
+    return topics, counts, loaded
 
 
 def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[int], base: Path) -> Stage:
-    """Preload the source topic, check it, and warm both brokers."""
+    """Preload the source topics, check them, and warm both brokers."""
     run_id = uuid.uuid4().hex[:6]
-    topic = f"bench-{run_id}"
-    counts, loaded = _preloaded_topic(cfg, source, topic, cfg.records)
-    _log(f"preloaded {topic}: {loaded.records:,} records in {loaded.seconds:.1f} s ({loaded.processes} processes)")
-    check = audit(source, topic, counts, _audit_budget(cfg.records))
+    name = f"bench-{run_id}"
+    topics, counts, loaded = _preloaded_topics(cfg, source, name, cfg.records)
+    _log(
+        f"preloaded {describe(topics)}: {loaded.records:,} records in {loaded.seconds:.1f} s "
+        f"({loaded.processes} processes)"
+    )
+    check = audit(source, topics, counts, _audit_budget(cfg.records))
     t = check.tally
     if not (check.read_to_end and t.complete and t.duplicates == 0 and t.misplaced == 0):
-        raise BenchError(f"the preloaded source topic is not what was written: {t} ({check.error})")
+        raise BenchError(f"the preloaded source topics are not what was written: {t} ({check.error})")
     _log(
         f"source read back complete in {check.seconds:.1f} s: the reader's ceiling is "
         f"~{t.unique / check.seconds:,.0f} rec/s (rows near it are reader-bound)"
     )
     if cfg.warmup_seconds > 0:
-        w = warm_up(source, destination, f"{topic}-warmup", cfg.partitions, cfg.warmup_seconds, cfg.value_bytes)
+        w = warm_up(source, destination, f"{name}-warmup", cfg.partitions, cfg.warmup_seconds, cfg.value_bytes)
         _log(
             f"brokers warmed up in {w.seconds:.1f} s: {w.offered:,} records offered, "
             f"{w.relayed:,} relayed in transactions, {w.read:,} read back"
         )
-    return Stage(run_id, source, destination, topic, counts, broker_pids, base)
+    return Stage(run_id, source, destination, name, topics, counts, broker_pids, base)
 
 
 def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
-    """Run every row once, unmeasured, on a small topic of its own (same clusters, same code paths).
+    """Run every row once, unmeasured, on small topics of its own (same clusters, same code paths, same shape).
 
     Each row copies ``cfg.rehearsal_records`` records, then takes a short paced
     load (the latency phase's paths: small batches, transactions committed on
@@ -400,9 +452,9 @@ def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
     there too if it is broken).
     """
     run_id = uuid.uuid4().hex[:6]
-    topic = f"bench-{run_id}-rehearsal"
-    counts, _loaded = _preloaded_topic(cfg, stage.source, topic, cfg.rehearsal_records)
-    rehearsal = Stage(run_id, stage.source, stage.destination, topic, counts, [], stage.work_dir / "rehearsal")
+    stem = f"bench-{run_id}-rehearsal"
+    topics, counts, _loaded = _preloaded_topics(cfg, stage.source, stem, cfg.rehearsal_records)
+    rehearsal = Stage(run_id, stage.source, stage.destination, stem, topics, counts, [], stage.work_dir / "rehearsal")
     short = replace(cfg, latency_duration_s=min(cfg.latency_duration_s, _REHEARSAL_LATENCY_S))
     for name in cfg.rows:
         started = time.monotonic()
@@ -485,8 +537,13 @@ def _thin(points: list[tuple[float, int]], most: int) -> list[tuple[float, int]]
     return [points[round(i * step)] for i in range(most)]
 
 
+def _destination_topics(row: Row, stage: Stage) -> list[str]:
+    """Where ``row`` copies the preloaded topics, in their order."""
+    return [row.destination_topic(t) for t in stage.topics]
+
+
 def _verdict(stage: Stage, row: Row) -> Verdict:
-    found = audit(stage.destination, row.destination_topic(stage.topic), stage.counts, _audit_budget(sum(stage.counts)))
+    found = audit(stage.destination, _destination_topics(row, stage), stage.counts, _audit_budget(sum(stage.counts)))
     t = found.tally
     return Verdict(
         expected=t.expected,
@@ -527,16 +584,16 @@ def _run_row(
     """Throughput, latency and verdict of one row; the row's processes are always stopped.
 
     latency_rate None: offer half of this row's own steady rate (the ferryman row under half-ferryman).
-    round_no: which copy of the preloaded topic this is; names the row's topics apart from other rounds'.
+    round_no: which copy of the preloaded topics this is; names the row's topics apart from other rounds'.
     """
-    lat_topic = f"{stage.topic}-lat-{cls.name.replace('-', '')}{round_tag(round_no)}"
+    lat_topic = f"{stage.name}-lat-{cls.name.replace('-', '')}{round_tag(round_no)}"
     work = stage.work_dir / cls.name
     work.mkdir(parents=True, exist_ok=True)
     ctx = RowContext(
         stage.run_id,
         stage.source,
         stage.destination,
-        (stage.topic, lat_topic),
+        (*stage.topics, lat_topic),
         cfg.partitions,
         work,
         cfg.options,
@@ -555,7 +612,7 @@ def _run_row(
     try:
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
-            _create_topic(stage.source, lat_topic, cfg.partitions, SOURCE_TOPIC_CONFIG)
+            _create_topics(stage.source, [lat_topic], cfg.partitions, SOURCE_TOPIC_CONFIG)
             row.prepare()
             _measure(row, cfg, stage, lat_topic, latency_rate, result, cleanup)
         if result.throughput is not None and result.throughput.records:
@@ -568,7 +625,7 @@ def _run_row(
 
 
 def _repeat(cfg: BenchConfig, stage: Stage, round_no: int, results: list[RowResult]) -> None:
-    """Copy the preloaded topic once more with every row that ran, in the same order; no latency phase.
+    """Copy the preloaded topics once more with every row that ran, in the same order; no latency phase.
 
     A fresh run id per round gives every row fresh flows, groups and internal
     topics, and the round tag fresh destination topics, so no round sees
@@ -609,7 +666,7 @@ def _measure(
     cleanup.callback(lambda: _record_peak_rss(result, sampler))
     first = _FirstVisible(sampler)
     deadline = launched + cfg.timeout_s
-    watcher = LiveWatcher(stage.destination, row.destination_topic(stage.topic), stage.counts, deadline, on_first=first)
+    watcher = LiveWatcher(stage.destination, _destination_topics(row, stage), stage.counts, deadline, on_first=first)
     cleanup.callback(watcher.stop, _WATCHER_STOP_BUDGET_S)
     _log(f"{row.name}: launched (logs in {row.ctx.work_dir}); copying {sum(stage.counts):,} records")
     failure = _await_copy(row, watcher, deadline)
@@ -782,8 +839,8 @@ def _latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult
     the floor every row's figure stands on, and how much of the machine the
     measurement itself takes.
     """
-    topic = f"{stage.topic}-lat-floor"
-    _create_topic(stage.source, topic, cfg.partitions, SOURCE_TOPIC_CONFIG)
+    topic = f"{stage.name}-lat-floor"
+    _create_topics(stage.source, [topic], cfg.partitions, SOURCE_TOPIC_CONFIG)
     return _latency_phase(cfg, "latency floor (no replicator)", stage.source, topic, stage.source, topic, rate)
 
 
@@ -804,10 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     base = (cfg.work_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    _log(
-        f"{cfg.records:,} records x {cfg.value_bytes} B, {cfg.partitions} partitions; rows {', '.join(cfg.rows)}; "
-        f"work dir {base}"
-    )
+    _log(f"{cfg.records:,} records x {cfg.value_bytes} B, {_shape(cfg)}; rows {', '.join(cfg.rows)}; work dir {base}")
     clusters: list[LocalCluster] = []
     results: list[RowResult] = []
     floor: LatencyResult | None = None
@@ -858,7 +912,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not cfg.keep_data:
                 # A default run writes ~2-4 GB; the broker logs stay for a post-mortem.
                 shutil.rmtree(c.data_dir, ignore_errors=True)
-    tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {cfg.partitions} partitions"
+    tp_title = f"Throughput: {cfg.records:,} records x {cfg.value_bytes} B values, {_shape(cfg)}"
     lat_title = f"End-to-end latency ({cfg.latency_duration_s:.0f} s of offered load, read_committed)"
     print()
     rounds_title = (
@@ -881,13 +935,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if any(r.status == "FAILED" for r in results) else 0
 
 
+def _shape(cfg: BenchConfig) -> str:
+    """The source topics' shape for a title: ``"8 partitions"``, or ``"100 topics x 10 partitions"``."""
+    return f"{cfg.partitions} partitions" if cfg.topics == 1 else f"{cfg.topics} topics x {cfg.partitions} partitions"
+
+
 def _describe(
     cfg: BenchConfig, stage: Stage | None, reclaim: list[ReclaimScheme], code: CodeVersion | None
 ) -> dict[str, Any]:
     return {
         "config": cfg,
         "code": code,  # as the run started
-        "topic": stage.topic if stage else None,
+        "topic": stage.name if stage else None,  # the only source topic's name when there is one, as it always was
+        "topics": list(stage.topics) if stage else None,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

@@ -16,7 +16,7 @@ SHORT_WINDOW_SHARE = 0.2
 
 @dataclass(frozen=True)
 class Throughput:
-    """Copying the preloaded topic, timed by a read_committed reader of the destination.
+    """Copying the preloaded topics, timed by a read_committed reader of the destination.
 
     "Steady" runs from the first record visible to the last (the records read in the
     same batch as the first are not counted: they became visible before the window).
@@ -76,7 +76,7 @@ class Throughput:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The full read of the destination topic after the row stopped."""
+    """The full read of the destination topics after the row stopped."""
 
     expected: int
     unique: int
@@ -86,6 +86,8 @@ class Verdict:
     foreign: int
     read_to_end: bool
     missing_examples: list[tuple[int, int]]
+    """A few ``(partition, seq)`` missing; with several source topics, partitions are numbered across
+    them (``bench.records``: partition p of the i-th topic is ``i * partitions + p``)."""
 
     @property
     def complete(self) -> bool:
@@ -107,7 +109,7 @@ class RowResult:
     latency: LatencyResult | None = None
     repeats: list[Throughput] = field(default_factory=list)
     """Throughput of the repeated rounds (2 to ``--rounds``): the copy again, from a fresh
-    launch to a fresh destination topic, interleaved with the other rows' rounds; no
+    launch to fresh destination topics, interleaved with the other rows' rounds; no
     latency phase. Each was audited like the first."""
 
     @property

@@ -1,4 +1,4 @@
-"""Creating the bench's topics (one helper for every module that needs one)."""
+"""The bench's topics: creating them, and naming a list of them in a log line (one home for both)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def create_topics(
     new = [NewTopic(t, partitions, 1, config=dict(config or {})) for t in topics]
     for future in admin.create_topics(new, operation_timeout=_CREATE_TIMEOUT_S).values():
         future.result(_CREATE_TIMEOUT_S)
+
+
+def describe(topics: Sequence[str]) -> str:
+    """``topics`` for a log line: the name of a single topic, else the count and the first and last names."""
+    if len(topics) == 1:
+        return topics[0]
+    return f"{len(topics)} topics {topics[0]} .. {topics[-1]}"

@@ -50,7 +50,7 @@ class RowContext:
     destination: str
     """Destination bootstrap servers."""
     topics: Sequence[str]
-    """Source topics the row replicates (the preloaded one and the row's latency topic)."""
+    """Source topics the row replicates (the preloaded ones and the row's latency topic)."""
     partitions: int
     """Partitions of every source topic."""
     work_dir: Path

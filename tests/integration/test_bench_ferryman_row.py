@@ -51,7 +51,7 @@ def test_the_ferryman_row_reports_its_dedupers_commits(
     try:
         watcher = LiveWatcher(
             destination_cluster.bootstrap_servers,
-            row.destination_topic(topic),
+            [row.destination_topic(topic)],
             counts,
             time.monotonic() + _BUDGET_S,
         )

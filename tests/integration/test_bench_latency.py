@@ -34,7 +34,7 @@ def _appended_topic(cluster: KafkaCluster, name: str, records: int, *, direct: b
 
 def _watch(cluster: KafkaCluster, topic: str, counts: list[int], latency: int, *, direct: bool) -> LiveWatcher:
     deadline = time.monotonic() + _BUDGET_S
-    watcher = LiveWatcher(cluster.bootstrap_servers, topic, counts, deadline, latency=latency, direct=direct)
+    watcher = LiveWatcher(cluster.bootstrap_servers, [topic], counts, deadline, latency=latency, direct=direct)
     assert watcher.direct is direct  # the compiled reader is built here
     watcher.done.wait(_BUDGET_S)
     watcher.stop(_BUDGET_S)

@@ -6,6 +6,7 @@ import random
 import time
 from array import array
 from collections.abc import Iterable
+from itertools import groupby
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
@@ -45,12 +46,24 @@ def test_a_full_queue_stops_the_run_at_the_first_refused_record(direct: bool) ->
         load.producer.purge()
 
 
-def _record(partition: int, value: bytes | None) -> Message:
-    return Message(topic="d", partition=partition, offset=0, value=value)
+def _record(partition: int, value: bytes | None, topic: int = 0) -> Message:
+    """A record read from ``partition`` of the copy of the ``topic``-th source topic (named ``t<topic>``)."""
+    return Message(topic=f"t{topic}", partition=partition, offset=0, value=value)
 
 
-def _reference(batches: list[list[Message]], counts: list[int]) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
-    """What a tally must say, counted the obvious way, record by record: its fields and the first missing."""
+def _topic_index(m: Message) -> int:
+    return int(str(m.topic())[1:])
+
+
+def _reference(
+    batches: list[list[Message]], counts: list[int], topics: int = 1, *, topic_known: bool = False
+) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """What a tally must say, counted the obvious way, record by record: its fields and the first missing.
+
+    ``counts`` covers ``topics`` topics (``Tally``); ``topic_known``: the reader says which topic's copy a
+    record was read from, and one found in another topic's copy is misplaced.
+    """
+    partitions = len(counts) // topics
     seen: set[tuple[int, int]] = set()
     last: dict[int, int] = {}
     unique = duplicates = misplaced = disordered = foreign = 0
@@ -69,15 +82,20 @@ def _reference(batches: list[list[Message]], counts: list[int]) -> tuple[tuple[i
             unique += 1
             disordered += seq < last.get(p, -1)
             last[p] = max(last.get(p, -1), seq)
-            misplaced += m.partition() != p
+            misplaced += m.partition() != p % partitions or (topic_known and _topic_index(m) != p // partitions)
     missing = [(p, s) for p, n in enumerate(counts) for s in range(n) if (p, s) not in seen]
     return (unique, duplicates, misplaced, disordered, foreign, sum(counts)), missing[:10]
 
 
-def _tally(batches: list[list[Message]], counts: list[int]) -> Tally:
-    tally = Tally(counts)
+def _tally(batches: list[list[Message]], counts: list[int], topics: int = 1, *, topic_known: bool = False) -> Tally:
+    """Each batch counted whole (the reader does not say which topic a record came from), or topic by topic."""
+    tally = Tally(counts, topics)
     for batch in batches:
-        assert tally.add(batch) == sum(m.error() is None for m in batch)
+        if topic_known:
+            added = sum(tally.add(list(run), t) for t, run in groupby(batch, _topic_index))
+        else:
+            added = tally.add(batch)
+        assert added == sum(m.error() is None for m in batch)
     return tally
 
 
@@ -86,7 +104,7 @@ def _fields(t: Tally) -> tuple[int, ...]:
 
 
 class _RunsOnly(Tally):
-    def _add_each(self, partition: int, headers: Iterable[int]) -> None:
+    def _add_each(self, partition: int, topic: int | None, headers: Iterable[int]) -> None:
         raise AssertionError("a correct copy must not need the record-by-record path")
 
 
@@ -103,8 +121,44 @@ def test_a_correct_copy_is_counted_in_runs() -> None:
     assert runs.complete
 
 
+def test_a_correct_copy_of_several_topics_is_counted_in_runs() -> None:
+    """Partition p of the i-th topic is numbered i * P + p in the records; each topic's copy keeps its own p."""
+    pad = padding(20)
+    counts = [2, 1, 3, 2]  # two topics of two partitions
+    batch = [
+        *(_record(0, make_value(0, s, pad), topic=0) for s in range(2)),
+        _record(1, make_value(1, 0, pad), topic=0),
+        *(_record(0, make_value(2, s, pad), topic=1) for s in range(3)),
+        *(_record(1, make_value(3, s, pad), topic=1) for s in range(2)),
+    ]
+    blind = _RunsOnly(counts, 2)
+    assert blind.add(batch) == 8
+    known = _RunsOnly(counts, 2)
+    assert sum(known.add(list(run), t) for t, run in groupby(batch, _topic_index)) == 8
+    assert blind.complete and known.complete
+    assert blind.misplaced == known.misplaced == 0
+
+
+def test_a_record_in_another_topics_copy_is_misplaced_where_the_reader_says_which_topic() -> None:
+    pad = padding(20)
+    counts = [1, 1]  # two topics of one partition
+    # Topic 1's record in topic 0's copy, and topic 0's in topic 1's: each on the right partition number.
+    swapped = [_record(0, make_value(1, 0, pad), topic=0), _record(0, make_value(0, 0, pad), topic=1)]
+    assert _fields(_tally([swapped], counts, 2, topic_known=True)) == (2, 0, 2, 0, 0, 2)
+    # Read through one queue, the topic is unknown: only the partition number can be checked.
+    assert _fields(_tally([swapped], counts, 2)) == (2, 0, 0, 0, 0, 2)
+
+
+def test_a_tally_refuses_counts_that_do_not_split_over_its_topics() -> None:
+    with pytest.raises(ValueError, match="3 partition counts"):
+        Tally([1, 2, 3], 2)
+
+
 def test_every_kind_of_wrong_copy_is_counted_as_record_by_record() -> None:
-    """Duplicates, gaps, reordering, misplaced, foreign and null values, error events, in random batches."""
+    """Duplicates, gaps, reordering, misplaced, foreign and null values, error events, in random batches.
+
+    Of one to three source topics, read topic by topic (``audit``) and through one queue (``LiveWatcher``).
+    """
     for seed in range(300):
         _compare_on_a_random_copy(seed)
 
@@ -112,9 +166,11 @@ def test_every_kind_of_wrong_copy_is_counted_as_record_by_record() -> None:
 def _compare_on_a_random_copy(seed: int) -> None:
     rng = random.Random(seed)
     pad = padding(20)
-    counts = [rng.randint(0, 12) for _ in range(rng.randint(1, 4))]
+    topics, partitions = rng.randint(1, 3), rng.randint(1, 4)
+    counts = [rng.randint(0, 12) for _ in range(topics * partitions)]
     stream: list[Message] = []
-    for p, n in enumerate(counts):
+    for numbered, n in enumerate(counts):
+        topic, p = divmod(numbered, partitions)
         seqs = list(range(n))
         for _ in range(rng.randint(0, 3)):
             kind = rng.choice(["dup", "drop", "swap", "far", "foreign", "null", "error", "beyond"])
@@ -130,26 +186,29 @@ def _compare_on_a_random_copy(seed: int) -> None:
                 seqs.insert(rng.randint(0, len(seqs)), -1 - ["foreign", "null", "error", "beyond", "far"].index(kind))
         for s in seqs:
             if s >= 0:
-                stream.append(_record(p, make_value(p, s, pad)))
+                stream.append(_record(p, make_value(numbered, s, pad), topic))
             elif s == -1:
-                stream.append(_record(p, b"not a bench record"))
+                stream.append(_record(p, b"not a bench record", topic))
             elif s == -2:
-                stream.append(_record(p, None))
+                stream.append(_record(p, None, topic))
             elif s == -3:
-                stream.append(Message(topic="d", partition=p, error=KafkaError(KafkaError._PARTITION_EOF)))
+                eof = KafkaError(KafkaError._PARTITION_EOF)
+                stream.append(Message(topic=f"t{topic}", partition=p, error=eof))
             elif s == -4:
-                stream.append(_record(p, make_value(p, n + 1, pad)))
-            else:  # a record of another partition, copied here
+                stream.append(_record(p, make_value(numbered, n + 1, pad), topic))
+            else:  # a record of another partition (of any topic), copied here
                 q = rng.randrange(len(counts))
                 if counts[q]:
-                    stream.append(_record(p, make_value(q, rng.randrange(counts[q]), pad)))
+                    stream.append(_record(p, make_value(q, rng.randrange(counts[q]), pad), topic))
     batches: list[list[Message]] = []
     while stream:
         k = rng.randint(1, 8)
         batches.append(stream[:k])
         stream = stream[k:]
-    tally = _tally(batches, counts)
-    assert (_fields(tally), tally.missing_examples()) == _reference(batches, counts), f"seed {seed}"
+    for known in (False, True):
+        tally = _tally(batches, counts, topics, topic_known=known)
+        found = (_fields(tally), tally.missing_examples())
+        assert found == _reference(batches, counts, topics, topic_known=known), f"seed {seed}, topic known: {known}"
 
 
 def test_columns_of_a_batch_split_runs_and_skip_events() -> None:

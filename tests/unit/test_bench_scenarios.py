@@ -1,4 +1,4 @@
-"""The bench's named scale scenarios (issue 29) and the staging partition count of its Ferryman row."""
+"""The bench's named scale scenarios (issue 29), its source topics and its Ferryman row's staging partitions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.replication import SCENARIOS, _parse
+from bench.preload import split_jobs
+from bench.replication import SCENARIOS, _parse, _source_topics
 from bench.rows.base import RowContext, RowOptions
 from bench.rows.ferryman import FerrymanRow
 
@@ -19,12 +20,48 @@ def test_a_scenario_sets_its_shape() -> None:
     assert (large.records, large.value_bytes) == (100_000, 10_240)
     out = _parse(["--scenario", "scale-out"])
     assert (out.partitions, out.options.wrapper_procs, out.options.deduper_procs) == (256, 2, 2)
+    topics = _parse(["--scenario", "topics"])
+    assert (topics.topics, topics.partitions, topics.records) == (100, 10, 1_000_000)
 
 
 def test_explicit_options_override_the_scenario() -> None:
     cfg = _parse(["--scenario", "large", "--value-bytes", "102400", "--records", "20000"])
     assert (cfg.records, cfg.value_bytes) == (20_000, 102_400)
     assert _parse(["--scenario", "partitions", "--partitions", "64"]).partitions == 64
+
+
+def test_one_source_topic_by_default_and_as_many_as_asked() -> None:
+    assert _parse([]).topics == 1
+    assert _parse(["--topics", "20", "--partitions", "4"]).topics == 20
+    assert _parse(["--scenario", "topics", "--topics", "50"]).partitions == 10
+    # --smoke keeps its small partition count, not the topic count.
+    smoke = _parse(["--smoke", "--topics", "20"])
+    assert (smoke.topics, smoke.partitions) == (20, 4)
+
+
+@pytest.mark.parametrize("argv", [["--topics", "0"], ["--topics", "100", "--partitions", "100"]])
+def test_topic_counts_the_record_header_cannot_number_are_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse(argv)
+    assert "--topics" in capsys.readouterr().err
+
+
+def test_source_topics_keep_the_single_topic_name_and_number_several() -> None:
+    assert _source_topics("bench-abc", 1) == ("bench-abc",)
+    assert _source_topics("bench-abc", 3) == ("bench-abc-t0", "bench-abc-t1", "bench-abc-t2")
+    many = _source_topics("bench-abc", 100)
+    assert (many[0], many[-1], len(set(many))) == ("bench-abc-t00", "bench-abc-t99", 100)
+
+
+def test_the_preload_numbers_each_topics_partitions_in_the_record_headers() -> None:
+    """Partition p of the i-th topic carries header partition i * P + p; every partition is written once."""
+    jobs = split_jobs(["a", "b", "c"], [5, 6, 7, 8, 9, 10], 4)
+    flat = sorted((numbered, topic, p, n) for worker in jobs for topic, p, numbered, n in worker)
+    assert flat == [(0, "a", 0, 5), (1, "a", 1, 6), (2, "b", 0, 7), (3, "b", 1, 8), (4, "c", 0, 9), (5, "c", 1, 10)]
+    # One topic: the jobs the preload always made (partition p, its own number, round-robin over the workers).
+    assert split_jobs(["t"], [3, 4, 5], 2) == [[("t", 0, 0, 3), ("t", 2, 2, 5)], [("t", 1, 1, 4)]]
 
 
 def test_every_scenario_parses() -> None:
