@@ -436,12 +436,12 @@ def decode(data: bytes | None) -> DecodedEnvelope:
     return verify(env)
 
 
-def _checksum_matches(env: envelope_pb2.Envelope) -> bool:
-    """The records match the envelope's CRC-32C, or its legacy CRC-32 when it has none."""
+def _checksum_matches(env: envelope_pb2.Envelope, records: bytes) -> bool:
+    """The records (env.records) match the envelope's CRC-32C, or its legacy CRC-32 when it has none."""
     if env.HasField("records_crc32c"):
         compute: Callable[[bytes], int] = crc32c or google_crc32c.value
-        return compute(env.records) == env.records_crc32c
-    return zlib.crc32(env.records) == env.records_crc32
+        return compute(records) == env.records_crc32c
+    return zlib.crc32(records) == env.records_crc32
 
 
 def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
@@ -457,14 +457,16 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
             f"envelope schema version {env.schema_version} is newer than this reader's {SCHEMA_VERSION} "
             "(upgrade dedupers before wrappers)"
         )
-    if not _checksum_matches(env):
+    # Read once: each read of a bytes field copies it (the whole payload, ~512 KB with large records).
+    records = env.records
+    if not _checksum_matches(env, records):
         raise CorruptEnvelopeError(
             f"checksum mismatch in envelope for {env.source.topic}-{env.source.partition} "
             f"after offset {env.previous_offset}"
         )
     if not env.source.topic:
         raise EnvelopeError("envelope without a source topic")
-    run = run_of_payload(env.records)
+    run = run_of_payload(records)
     if env.record_count and env.record_count != len(run):
         raise EnvelopeError(f"envelope says {env.record_count} records but holds {len(run)}")
     return DecodedEnvelope(

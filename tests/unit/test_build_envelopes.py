@@ -204,6 +204,27 @@ def test_a_record_larger_than_max_bytes_gets_its_own_envelope() -> None:
     assert [list(e.run.offsets) for e in decoded(built)] == [[0, 1], [2], [3], [4], [5]]
 
 
+@pytest.mark.parametrize("first_small", [False, True])
+def test_large_records_are_cut_by_size_and_encoded_by_the_compiled_codec(
+    each_codec: str, first_small: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records too large for a piece of max_records never go through the protobuf library (issue 29).
+
+    The compiled codec encodes the greedy cuts itself, whether the first record tells at once that a
+    piece cannot fit or a piece found too big does; the envelopes are the pure-Python path's.
+    """
+    msgs = [FakeMessage(i, b"k", b"v" * (10 if first_small and i == 0 else 10_240)) for i in range(300)]
+    expected = [list(e.run.offsets) for e in decoded(build(msgs, max_bytes=64 * 1024))]
+    assert len(expected) > 40 and all(len(offsets) <= 7 for offsets in expected)
+    if each_codec == "compiled":
+
+        def refused(*_args: object, **_kwargs: object) -> bytes:
+            raise AssertionError("large records went through the protobuf library")
+
+        monkeypatch.setattr(envelope, "payload_of", refused)
+    assert [list(e.run.offsets) for e in decoded(build(msgs, max_bytes=64 * 1024))] == expected
+
+
 def test_first_oversized_record_is_not_preceded_by_an_empty_envelope() -> None:
     built = build([FakeMessage(0, b"k", b"y" * 5000)], max_bytes=100)
     assert [b.record_count for b in built] == [1]

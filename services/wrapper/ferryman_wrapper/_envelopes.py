@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, groupby
@@ -122,8 +123,13 @@ def build_envelopes(
     at most max_bytes of estimated record size (envelope.record_size).
 
     The compiled codec, when built, encodes each piece of max_records records
-    and keeps it when it is known to fit (below); the pure-Python path takes
-    the rest, if any, from the first piece it did not keep.
+    and keeps it when it is known to fit (below). From the first piece that is
+    not known to fit (or straight away when the first record alone says the
+    piece cannot), the rest is cut by the estimates (_boundaries, the same
+    greedy cut as the pure-Python path) and each cut is encoded by the compiled
+    codec too: large records never go through the protobuf library, and never
+    through an encode of max_records of them that is thrown away.
+    The pure-Python path takes whatever the compiled codec declines.
 
     Pure-Python fast path (no headers): each piece of max_records records
     is encoded straight away, and its encoded size bounds its estimated size
@@ -142,22 +148,34 @@ def build_envelopes(
         # Compiled fast path: each piece of max_records records is encoded in one
         # pass, and kept when it is known to fit: its payload holds every key,
         # value and header byte, so with the per-record and per-header overheads
-        # it bounds the estimated size from above. A piece not known to fit (or
-        # headers the compiled codec does not take) hands the rest to the
-        # pure-Python path, which cuts by the estimates.
+        # it bounds the estimated size from above. Once a piece is not known to
+        # fit, the rest goes by the greedy cuts of the estimates (exact, so no
+        # bound check). Headers the compiled codec does not take hand the rest
+        # to the pure-Python path.
         msgs = messages if isinstance(messages, list) else list(messages)
         lo = 0
+        cuts: deque[tuple[int, int]] | None = None
         while lo < n:
-            hi = min(n, lo + max_records)
+            if cuts is not None:
+                hi = cuts.popleft()[1]
+            else:
+                hi = min(n, lo + max_records)
+                if hi - lo > 1 and _first_record_size(msgs[lo]) * (hi - lo) > max_bytes:
+                    cuts = _cuts_by_size(msgs, lo, max_records, max_bytes)  # large records: skip the doomed piece
+                    continue
             encoded = codec.encode_messages(msgs, lo, hi)
             if encoded is None:
                 break
             data, header_count = encoded
-            bound = (
-                len(data) + envelope.RECORD_OVERHEAD_BYTES * (hi - lo) + envelope.HEADER_OVERHEAD_BYTES * header_count
-            )
-            if bound > max_bytes:
-                break
+            if cuts is None:
+                bound = (
+                    len(data)
+                    + envelope.RECORD_OVERHEAD_BYTES * (hi - lo)
+                    + envelope.HEADER_OVERHEAD_BYTES * header_count
+                )
+                if bound > max_bytes:
+                    cuts = _cuts_by_size(msgs, lo, max_records, max_bytes)
+                    continue
             last = _offset(msgs[hi - 1])
             value = envelope.wrap_payload(
                 source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch
@@ -177,6 +195,26 @@ def build_envelopes(
         max_records=max_records,
         max_bytes=max_bytes,
     )
+
+
+def _first_record_size(message: Message) -> int:
+    """The estimated size (``envelope.record_size``) of one record, headers left out (they only add)."""
+    key, value = _key(message), _value(message)
+    return envelope.RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+
+
+def _cuts_by_size(messages: list[Message], lo: int, max_records: int, max_bytes: int) -> deque[tuple[int, int]]:
+    """The greedy cuts of messages[lo:] by the estimates (_boundaries), as [lo, hi) ranges of messages."""
+    rest = messages[lo:]
+    header_column: list[Headers | None] = list(map(_headers, rest))
+    cuts = _boundaries(
+        list(map(_key, rest)),
+        list(map(_value, rest)),
+        header_column if any(header_column) else None,
+        max_records,
+        max_bytes,
+    )
+    return deque((lo + a, lo + b) for a, b in cuts)
 
 
 def _build_by_columns(
