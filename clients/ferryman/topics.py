@@ -7,19 +7,21 @@ classification) or as Ferryman errors where the meaning is ours.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
     ConfigSource,
     NewPartitions,
     NewTopic,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -69,6 +71,50 @@ def watermark_offsets(consumer: Consumer, topic: str, partition: int, *, budget_
         what=f"reading the offsets of {topic} [{partition}]",
         budget_s=budget_s,
     )
+
+
+def committed_ranges(
+    admin: AdminClient, partitions: Mapping[str, int], timeout_s: float
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """Every partition's (low, high) offsets as a read_committed reader sees them, asked for all at once.
+
+    partitions maps each topic to its partition count. High is the last stable
+    offset, as a read_committed consumer's ``get_watermark_offsets`` returns it,
+    but the whole set costs two ListOffsets requests per partition leader
+    instead of a round trip per partition. A retriable error (a leader moving)
+    is retried within timeout_s.
+
+    Raises:
+        KafkaOperationError: no answer within timeout_s (transient).
+        KafkaException: a non-retriable error.
+    """
+    wanted = [TopicPartition(topic, p) for topic, n in partitions.items() for p in range(n)]
+    if not wanted:
+        return {}
+    what = f"reading the offsets of {len(wanted)} partitions of {len(partitions)} topics"
+
+    # confluent-kafka's stub leaves OffsetSpec's constructors untyped.
+    specs = {"low": OffsetSpec.earliest(), "high": OffsetSpec.latest()}  # type: ignore[no-untyped-call]
+
+    def ask() -> dict[tuple[str, int], tuple[int, int]]:
+        asked = {
+            end: admin.list_offsets(
+                dict.fromkeys(wanted, spec), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s
+            )
+            for end, spec in specs.items()
+        }
+        ends: dict[str, dict[tuple[str, int], int]] = {}
+        for end, futures in asked.items():
+            try:
+                # Bounded: the future of a partition without a leader may not resolve on its own.
+                ends[end] = {
+                    (tp.topic, tp.partition): fut.result(timeout=timeout_s).offset for tp, fut in futures.items()
+                }
+            except concurrent.futures.TimeoutError as exc:
+                raise KafkaOperationError(what, exc) from exc
+        return {key: (ends["low"][key], ends["high"][key]) for key in ends["high"]}
+
+    return retry_retriable(ask, what=what, budget_s=timeout_s)
 
 
 def uuid_bytes(uuid: object) -> bytes:
@@ -148,40 +194,75 @@ def create_topic(
     replication_factor -1 uses the broker's ``default.replication.factor``.
     """
     topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(configs))
-    return name in _create_topics(admin, [topic], timeout_s)
+    return name in create_topics(admin, [topic], timeout_s)
 
 
-def _create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float) -> set[str]:
-    """Create topics in one request; return the names created (those that already existed are not)."""
+def create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float) -> set[str]:
+    """Create topics in one CreateTopics request; return the names created (those that already existed are not).
+
+    Every topic's outcome is awaited before an error is raised, so the topics the
+    cluster did create are logged even when another of the request failed.
+
+    Raises:
+        KafkaException: the first topic that failed otherwise than by existing already
+            (translated to a Ferryman error where authorization was refused).
+    """
+    if not new:
+        return set()
     futures = admin.create_topics(list(new), request_timeout=timeout_s, operation_timeout=timeout_s)
     created: set[str] = set()
+    failed: list[tuple[str, KafkaException]] = []
     for t in new:
         try:
             futures[t.topic].result(timeout=timeout_s)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
-            denied = authorization_error(exc, operation="create topic", resource=t.topic)
-            if denied is not None:
-                raise denied from exc
-            raise
+            if not _has_code(exc, KafkaError.TOPIC_ALREADY_EXISTS):
+                failed.append((t.topic, exc))
+            continue
         _log.info("created topic %s with %d partitions %s", t.topic, t.num_partitions, t.config or "")
         created.add(t.topic)
+    if failed:
+        name, error = failed[0]
+        denied = authorization_error(error, operation="create topic", resource=name)
+        if denied is not None:
+            raise denied from error
+        raise error
     return created
+
+
+def _has_code(exc: KafkaException, code: int) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == code
 
 
 def grow_partitions(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> None:
     """Grow topic name to the given partition count."""
-    fut = admin.create_partitions([NewPartitions(name, partitions)], request_timeout=timeout_s)[name]
-    try:
-        fut.result(timeout=timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        # Someone else grew it first: fine as long as the count is reached.
-        if not (isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_PARTITIONS):
-            raise
-    _log.info("grew topic %s to %d partitions", name, partitions)
+    grow_topics(admin, {name: partitions}, timeout_s)
+
+
+def grow_topics(admin: AdminClient, partitions: Mapping[str, int], timeout_s: float) -> None:
+    """Grow each topic to its partition count, all in one CreatePartitions request.
+
+    A topic someone else grew first is fine as long as the count is reached
+    (``await_topics`` tells). Every topic's outcome is awaited before the first
+    other error is raised.
+    """
+    if not partitions:
+        return
+    futures = admin.create_partitions(
+        [NewPartitions(name, n) for name, n in partitions.items()], request_timeout=timeout_s
+    )
+    failed: list[KafkaException] = []
+    for name, n in partitions.items():
+        try:
+            futures[name].result(timeout=timeout_s)
+        except KafkaException as exc:
+            if not _has_code(exc, KafkaError.INVALID_PARTITIONS):
+                failed.append(exc)
+                continue
+        _log.info("grew topic %s to %d partitions", name, n)
+    if failed:
+        raise failed[0]
 
 
 @dataclass(frozen=True)
@@ -224,14 +305,14 @@ def ensure_internal_topics(
     missing = [t for t in wanted if t.name not in existing]
     if not missing:
         return
-    _create_topics(
+    create_topics(
         admin,
         [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in missing],
         timeout_s,
     )
     # Another service of the flow may have created some of them first: check them all the same.
     budget_s = timeout_s if visible_budget_s is None else max(timeout_s, visible_budget_s)
-    found = _await_topics(admin, {t.name: 1 for t in missing}, budget_s)
+    found = await_topics(admin, {t.name: 1 for t in missing}, budget_s)
     unseen = [t.name for t in missing if t.name not in found]
     if unseen:
         raise KafkaOperationError(
@@ -273,8 +354,12 @@ def _check_shapes(
             )
 
 
-def _await_topics(admin: AdminClient, min_partitions: Mapping[str, int], timeout_s: float) -> dict[str, TopicInfo]:
-    """Describe the topics until each exists with its minimum partition count, or the time is up."""
+def await_topics(admin: AdminClient, min_partitions: Mapping[str, int], timeout_s: float) -> dict[str, TopicInfo]:
+    """Describe the topics until each exists with its minimum partition count, or the time is up.
+
+    Returns what the last describe found: the caller tells the topics that are
+    not there yet (missing, or fewer partitions) from the ones that are.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         found = describe_topics(admin, min_partitions, timeout_s)
@@ -286,7 +371,7 @@ def _await_topics(admin: AdminClient, min_partitions: Mapping[str, int], timeout
 
 def await_topic(admin: AdminClient, name: str, timeout_s: float, min_partitions: int = 1) -> TopicInfo | None:
     """Describe name until it exists with min_partitions (metadata propagates after creation)."""
-    return _await_topics(admin, {name: min_partitions}, timeout_s).get(name)
+    return await_topics(admin, {name: min_partitions}, timeout_s).get(name)
 
 
 def _topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, dict[str, str]]:

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -291,7 +291,7 @@ class ControlTicker:
         staging_lag: Callable[[], int],
         destination_trouble: Callable[[], str],
         process_resent: Callable[[envelope_pb2.Envelope], None],
-        add_spec: Callable[[state_pb2.TopicSpec], None],
+        add_specs: Callable[[Sequence[state_pb2.TopicSpec]], None],
         partition_counters: Mapping[PartitionKey, PartitionCounters],
     ) -> None:
         self._hub = hub
@@ -302,7 +302,7 @@ class ControlTicker:
         self._staging_lag = staging_lag
         self._destination_trouble = destination_trouble
         self._process_resent = process_resent
-        self._add_spec = add_spec
+        self._add_specs = add_specs
         self._next_watermarks = 0.0
         #: Resend requests awaiting their answer: the partition and first offset asked for.
         self._requests: dict[int, tuple[PartitionKey, int]] = {}
@@ -310,18 +310,7 @@ class ControlTicker:
     def tick(self, now: float) -> None:
         """Serve what the link brought and what is due."""
         hub = self._hub
-        while True:
-            try:
-                spec = hub.specs.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                self._add_spec(spec)
-            except (KafkaException, FerrymanError) as exc:
-                if not is_transient(exc):
-                    raise
-                # Kept in the specs: the periodic sync (or the first record's resolve) creates it later.
-                _log.warning("destination topic of %s not ready yet (%s); trying again later", spec.topic, exc)
+        self._take_specs()
         while True:
             try:
                 answer = hub.resent.get_nowait()
@@ -353,6 +342,30 @@ class ControlTicker:
             self._next_watermarks = now + self._dc.watermark_interval_s
             hub.broadcast(control_pb2.ConnectResponse(watermarks=control_pb2.Watermarks(partitions=self.watermarks())))
             self._update_backpressure()
+
+    def _take_specs(self) -> None:
+        """Hand every spec the link brought since the last tick to the destination topics, in one batch.
+
+        One call for all of them: a wrapper sends the specs of all its topics at once, and the
+        destination topics are made with a few requests for the whole batch, not a few per topic.
+        """
+        specs: list[state_pb2.TopicSpec] = []
+        while True:
+            try:
+                specs.append(self._hub.specs.get_nowait())
+            except queue.Empty:
+                break
+        if not specs:
+            return
+        try:
+            self._add_specs(specs)
+        except (KafkaException, FerrymanError) as exc:
+            if not is_transient(exc):
+                raise
+            # Kept in the specs: the periodic sync (or the first record's resolve) makes them later.
+            _log.warning(
+                "destination topics of %d new topic specs not all ready yet (%s); trying again later", len(specs), exc
+            )
 
     def _source_deleted(self, asked: tuple[PartitionKey, int], deleted_before: int) -> None:
         """A wrapper answered that the source no longer holds the start of a gap: it is lost, loudly."""

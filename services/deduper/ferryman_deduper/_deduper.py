@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -229,22 +230,22 @@ class Deduper:
         )
         return Consumer(conf)
 
-    def _flow_wrote(self, destination: str) -> bool:
-        """Whether the flow's committed state (every partition, any deduper's) names destination.
+    def _flow_wrote(self, destinations: Collection[str]) -> set[str]:
+        """Which of destinations the flow's committed state (every partition, any deduper's) names.
 
-        Asked for a destination topic that exists at first sight: the state topic is read once and
-        again on a miss (another deduper may have written the topic since), so a topic of the flow
-        is told apart from someone else's without a read per topic.
+        Asked for destination topics that exist at first sight: the state topic is read once, and again
+        when some of them are not named yet (another deduper may have written them since), so the flow's
+        topics are told apart from someone else's with at most one read per batch of topics.
         """
-        if destination in self._written_destinations:
-            return True
-        parts = list(range(self._flow.staging_partitions))
-        records = read_compacted(self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S)
-        for recs in records.values():
-            for value in recs.values():
-                if value:
-                    self._written_destinations.add(state_pb2.WatermarkState.FromString(value).destination_topic)
-        return destination in self._written_destinations
+        wanted = set(destinations)
+        if not wanted <= self._written_destinations:
+            parts = list(range(self._flow.staging_partitions))
+            records = read_compacted(self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S)
+            for recs in records.values():
+                for value in recs.values():
+                    if value:
+                        self._written_destinations.add(state_pb2.WatermarkState.FromString(value).destination_topic)
+        return wanted & self._written_destinations
 
     def _ensure_topics(self, admin: AdminClient) -> None:
         n = self._flow.staging_partitions
@@ -372,7 +373,7 @@ class Deduper:
             staging_lag=self._staging_lag,
             destination_trouble=self._destination_trouble,
             process_resent=self._data.process_resent,
-            add_spec=self._destinations.add_spec,
+            add_specs=self._destinations.add_specs,
             partition_counters=self.stats.by_partition,
         )
         self._parts.start()

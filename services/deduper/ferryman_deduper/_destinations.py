@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 from ferryman import topics
 from ferryman.config import FlowConfig
 from ferryman.errors import ConfigError, FerrymanError, KafkaOperationError
@@ -39,6 +40,11 @@ class DestinationTopicError(ConfigError):
 
 #: Budget for looking for a committed record in a destination partition this flow never wrote.
 _FOREIGN_CHECK_BUDGET_S = 10.0
+#: Topics named in one error or log line; the rest are counted (a batch may hold thousands).
+_NAMED_TOPICS = 5
+
+_Ident = tuple[str, str]
+"""A source topic: (cluster id, topic name)."""
 
 
 @dataclass
@@ -47,8 +53,25 @@ class _Ready:
     partitions: int
 
 
+@dataclass(frozen=True)
+class _Want:
+    """A destination topic a source topic needs, with at least ``partitions`` partitions."""
+
+    ident: _Ident
+    spec: state_pb2.TopicSpec
+    name: str
+    partitions: int
+
+
 class DestinationTopics:
-    """Resolves source partitions to destination topics that exist and are big enough."""
+    """Resolves source partitions to destination topics that exist and are big enough.
+
+    Topics are made in batches: whatever one call needs (a record's topic on the data path, every spec the
+    control link brought in one tick, every spec at a periodic sync) costs one describe, one CreateTopics,
+    one CreatePartitions and one wait for the producer's metadata for all of its topics, not a round of
+    requests per topic. Per topic that was 35-130 ms of the deduper's loop: a minute at the start of a
+    flow of a thousand topics.
+    """
 
     def __init__(
         self,
@@ -59,12 +82,12 @@ class DestinationTopics:
         naming: NamingPolicy,
         replicate_configs: bool,
         timeout_s: float,
-        flow_wrote: Callable[[str], bool] = lambda _name: False,
+        flow_wrote: Callable[[Collection[str]], AbstractSet[str]] = lambda _names: frozenset(),
     ) -> None:
         """Create the resolver.
 
-        flow_wrote tells whether the flow's committed state names a destination topic (the flow
-        wrote it before): only such a topic is grown when found too small at first sight.
+        flow_wrote tells which of some destination topics the flow's committed state names (the flow
+        wrote them before): only such a topic is grown when found too small at first sight.
         """
         self._admin = admin
         self._consumer_config = consumer_config
@@ -76,8 +99,8 @@ class DestinationTopics:
         #: Replication factor and configs left out of created topics (live flow settings, `apply_flow`).
         self._replication_factor = -1
         self._configs_exclude: tuple[re.Pattern[str], ...] = ()
-        self._specs: dict[tuple[str, str], state_pb2.TopicSpec] = {}
-        self._ready: dict[tuple[str, str], _Ready] = {}
+        self._specs: dict[_Ident, state_pb2.TopicSpec] = {}
+        self._ready: dict[_Ident, _Ready] = {}
         self.producer: Producer | None = None
         self._tail: Consumer | None = None
         self._checker: Consumer | None = None
@@ -110,7 +133,7 @@ class DestinationTopics:
                 f"no topic spec for source topic {source.topic} (cluster {source.cluster_id}) in "
                 f"{self._specs_topic}; the wrapper publishes it before any envelope"
             )
-        return self._materialize(spec, min_partitions=source.partition + 1).name
+        return self._materialize_all([self._want(spec, source.partition + 1)])[ident].name
 
     def load_specs(self) -> None:
         """Re-read the spec topic."""
@@ -122,13 +145,23 @@ class DestinationTopics:
             spec.ParseFromString(value)
             self._specs[(spec.cluster_id, spec.topic)] = spec
 
-    def add_spec(self, spec: state_pb2.TopicSpec) -> None:
-        """Take a spec received over the control link; create or grow its topic now."""
-        ident = (spec.cluster_id, spec.topic)
-        self._specs[ident] = spec
-        ready = self._ready.get(ident)
-        if ready is None or ready.partitions < spec.partitions:
-            self._materialize(spec, min_partitions=spec.partitions)
+    def add_specs(self, specs: Iterable[state_pb2.TopicSpec]) -> None:
+        """Take specs received over the control link; create or grow their topics now, in one batch.
+
+        The specs are kept before the cluster is asked anything: when that fails, the periodic sync (or
+        the first record's resolve) makes their topics later. Of two specs of one source topic, the
+        later wins.
+
+        Raises:
+            DestinationTopicError: a destination topic this flow did not make is not fit for it.
+            KafkaOperationError: some topics did not show in time (transient; the others are ready).
+            KafkaException: a request failed.
+        """
+        latest: dict[_Ident, state_pb2.TopicSpec] = {}
+        for spec in specs:
+            latest[(spec.cluster_id, spec.topic)] = spec
+        self._specs.update(latest)
+        self._materialize_all(self._needing_work(latest.values()))
 
     def _tail_specs(self) -> None:
         """Take spec records published since the last call, without blocking.
@@ -160,60 +193,145 @@ class DestinationTopics:
         self._tail = self._checker = None
 
     def sync_all(self) -> None:
-        """Create or grow the destination topic of every known spec (partition growth)."""
-        self._tail_specs()
-        for ident, spec in list(self._specs.items()):
-            ready = self._ready.get(ident)
-            if ready is None or ready.partitions < spec.partitions:
-                self._materialize(spec, min_partitions=spec.partitions)
-
-    def _materialize(self, spec: state_pb2.TopicSpec, *, min_partitions: int) -> _Ready:
-        name = self.name_of(spec.topic)
-        wanted = max(spec.partitions, min_partitions)
-        existing = topics.describe_topics(self._admin, [name], self._timeout_s).get(name)
-        if existing is None:
-            configs = {
-                k: v
-                for k, v in (spec.configs.items() if self._replicate_configs else ())
-                if not any(p.fullmatch(k) for p in self._configs_exclude)
-            }
-            topics.create_topic(
-                self._admin, name, wanted, configs, self._timeout_s, replication_factor=self._replication_factor
-            )
-            existing = topics.await_topic(self._admin, name, self._timeout_s)
-            if existing is None:
-                # Transient: a broker creates every partition's log before it describes the topic
-                # (over 30 s for 256 partitions on a loaded machine here). The next resolve or sync
-                # finds the topic, empty, and takes it.
-                raise KafkaOperationError(
-                    f"creating destination topic {name}",
-                    TimeoutError(f"created, but not in the cluster's metadata after {self._timeout_s:.0f} s"),
-                )
-        elif (spec.cluster_id, spec.topic) not in self._ready:
-            self._check_existing(name, existing.partitions, spec)
-        if existing.partitions < wanted:
-            topics.grow_partitions(self._admin, name, wanted, self._timeout_s)
-            topics.await_topic(self._admin, name, self._timeout_s, min_partitions=wanted)
-        else:
-            wanted = existing.partitions
-        self._await_metadata(name, wanted)
-        ready = _Ready(name, wanted)
-        self._ready[(spec.cluster_id, spec.topic)] = ready
-        return ready
-
-    def _check_existing(self, name: str, partitions: int, spec: state_pb2.TopicSpec) -> None:
-        """A destination topic that exists at first sight must be the flow's, or empty and big enough.
+        """Create or grow the destination topic of every known spec (partition growth), in one batch.
 
         Raises:
-            DestinationTopicError: the flow never wrote it, and it has fewer partitions than the
+            As ``add_specs``.
+        """
+        self._tail_specs()
+        self._materialize_all(self._needing_work(self._specs.values()))
+
+    def _want(self, spec: state_pb2.TopicSpec, min_partitions: int) -> _Want:
+        return _Want(
+            (spec.cluster_id, spec.topic), spec, self.name_of(spec.topic), max(spec.partitions, min_partitions)
+        )
+
+    def _needing_work(self, specs: Iterable[state_pb2.TopicSpec]) -> list[_Want]:
+        """The specs whose destination topic is not ready, or not as big as the source now."""
+        wants = []
+        for spec in specs:
+            ready = self._ready.get((spec.cluster_id, spec.topic))
+            if ready is None or ready.partitions < spec.partitions:
+                wants.append(self._want(spec, spec.partitions))
+        return wants
+
+    def _materialize_all(self, wants: Sequence[_Want]) -> dict[_Ident, _Ready]:
+        """Make the destination topics of wants exist, fit and big enough, with a few requests for them all.
+
+        In order: one describe of every topic; the checks of those that exist at first sight (before
+        anything is created, so a misfit stops the flow without leaving new topics behind); one
+        CreateTopics for the missing ones and one wait until they are described; one CreatePartitions for
+        those to grow; one wait until the producer's metadata shows every partition. The topics that got
+        through are recorded ready before an error is raised for the others: one slow topic does not hold
+        back the rest of its batch.
+
+        Two source topics named alike at the destination (the same topic of two cluster ids) share a
+        topic, made with the larger partition count and the configs of the first.
+
+        Returns:
+            The ready destination topic of each want's source topic.
+
+        Raises:
+            DestinationTopicError: a topic that exists at first sight is not fit for the flow
+                (``_check_existing``); nothing was created or grown.
+            KafkaOperationError: created or grown topics did not show in time (transient: the next sync
+                or resolve takes them).
+            KafkaException: a request failed.
+        """
+        if not wants:
+            return {}
+        started = time.monotonic()
+        partitions: dict[str, int] = {}
+        for want in wants:
+            partitions[want.name] = max(partitions.get(want.name, 0), want.partitions)
+        existing = topics.describe_topics(self._admin, partitions, self._timeout_s)
+        first_sight = [w for w in wants if w.name in existing and w.ident not in self._ready]
+        self._check_existing([(w.name, existing[w.name].partitions, w.spec) for w in first_sight])
+        missing: dict[str, _Want] = {}
+        for want in wants:
+            if want.name not in existing:
+                missing.setdefault(want.name, want)
+        unseen: list[str] = []
+        if missing:
+            topics.create_topics(
+                self._admin,
+                [self._new_topic(w.name, partitions[w.name], w.spec) for w in missing.values()],
+                self._timeout_s,
+            )
+            # Created by another deduper of the flow first (already there): taken as it is, as ours.
+            found = topics.await_topics(self._admin, dict.fromkeys(missing, 1), self._timeout_s)
+            # Transient: a broker creates every partition's log before it describes the topic (over 30 s
+            # for 256 partitions on a loaded machine here). The next resolve or sync finds the topic,
+            # empty, and takes it.
+            unseen = [name for name in missing if name not in found]
+            existing.update(found)
+        grow = {name: n for name, n in partitions.items() if name in existing and existing[name].partitions < n}
+        if grow:
+            topics.grow_topics(self._admin, grow, self._timeout_s)
+            # What did not show here does not show in the producer's metadata below either: reported there.
+            topics.await_topics(self._admin, grow, self._timeout_s)
+        final = {name: max(n, existing[name].partitions) for name, n in partitions.items() if name in existing}
+        shown = self._await_metadata(final)
+        ready: dict[_Ident, _Ready] = {}
+        for want in wants:
+            if want.name in shown:
+                ready[want.ident] = self._ready[want.ident] = _Ready(want.name, final[want.name])
+        _log.info(
+            "destination topics of %d source topics ready in %.2f s: %d created, %d grown, %d found and checked%s",
+            len(ready),
+            time.monotonic() - started,
+            len(missing) - len(unseen),
+            len(grow),
+            len(first_sight),
+            f"; {len(wants) - len(ready)} not yet" if len(ready) < len(wants) else "",
+        )
+        if unseen:
+            raise KafkaOperationError(
+                f"creating destination topics {_some(unseen)}",
+                TimeoutError(f"created, but not in the cluster's metadata after {self._timeout_s:.0f} s"),
+            )
+        lagging = sorted(final.keys() - shown)
+        if lagging:
+            raise KafkaOperationError(
+                f"waiting for destination topics {_some(lagging)}",
+                TimeoutError(f"partitions not in the producer's metadata after {self._timeout_s:.0f} s"),
+            )
+        return ready
+
+    def _new_topic(self, name: str, partitions: int, spec: state_pb2.TopicSpec) -> NewTopic:
+        """A destination topic as created: the source's replicable configs, less the flow's exclusions."""
+        configs = {
+            k: v
+            for k, v in (spec.configs.items() if self._replicate_configs else ())
+            if not any(p.fullmatch(k) for p in self._configs_exclude)
+        }
+        return NewTopic(name, num_partitions=partitions, replication_factor=self._replication_factor, config=configs)
+
+    def _check_existing(self, found: Sequence[tuple[str, int, state_pb2.TopicSpec]]) -> None:
+        """Destination topics that exist at first sight must be the flow's, or empty and big enough.
+
+        found holds each topic's name, partition count and source spec. One read of the flow's state
+        tells which the flow wrote; one pass of ListOffsets requests finds the partitions of the others
+        that hold anything; only those are read.
+
+        Raises:
+            DestinationTopicError: the flow never wrote one, and it has fewer partitions than the
                 source, or committed records in any partition (someone else writes it).
         """
-        if self._flow_wrote(name):
-            return  # ours: grown below if the source grew since
-        if partitions < spec.partitions:
-            self._too_small(name, partitions, spec)
-        for partition in range(partitions):
-            self._check_unwritten(name, partition, spec.topic)
+        if not found:
+            return
+        ours = self._flow_wrote({name for name, _, _ in found})  # grown by the caller if the source grew since
+        theirs = [(name, partitions, spec) for name, partitions, spec in found if name not in ours]
+        for name, partitions, spec in theirs:
+            if partitions < spec.partitions:
+                self._too_small(name, partitions, spec)
+        source_of = {name: spec.topic for name, _, spec in theirs}
+        ranges = topics.committed_ranges(
+            self._admin, {name: partitions for name, partitions, _ in theirs}, self._timeout_s
+        )
+        for (name, partition), (low, high) in sorted(ranges.items()):
+            if high > low:
+                self._check_unwritten(name, partition, low, high, source_of[name])
 
     @staticmethod
     def _too_small(name: str, partitions: int, spec: state_pb2.TopicSpec) -> None:
@@ -224,14 +342,14 @@ class DestinationTopics:
             f"name (flows[].naming)"
         )
 
-    def _check_unwritten(self, name: str, partition: int, source: str) -> None:
+    def _check_unwritten(self, name: str, partition: int, low: int, high: int, source: str) -> None:
         """Raise DestinationTopicError if destination partition name-partition holds a committed record.
 
-        For a topic the flow's state never names: whatever is there was written by someone else
-        (aborted records of an earlier attempt of ours are skipped by the read_committed read). An
-        empty partition costs one offsets request.
+        For a topic the flow's state never names, whose partition is not empty (offsets low..high-1,
+        high its last stable offset): whatever committed record is there was written by someone else
+        (aborted records of an earlier attempt of ours are skipped by the read_committed read).
         """
-        if self._checker is None:  # one for the process: a new partition costs one offsets request
+        if self._checker is None:  # one for the process: a partition costs an assignment, not a consumer
             conf = dict(self._consumer_config)
             conf.update(
                 {
@@ -243,9 +361,6 @@ class DestinationTopics:
             )
             self._checker = Consumer(conf)
         consumer = self._checker
-        low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=self._timeout_s)
-        if high <= low:
-            return
         try:
             consumer.assign([TopicPartition(name, partition, low)])
             deadline = time.monotonic() + _FOREIGN_CHECK_BUDGET_S
@@ -265,23 +380,29 @@ class DestinationTopics:
         finally:
             consumer.unassign()
 
-    def _await_metadata(self, name: str, partitions: int) -> None:
-        """Wait until the producer's metadata shows the partitions we will write to.
+    def _await_metadata(self, partitions: Mapping[str, int]) -> set[str]:
+        """The topics of which the producer's metadata shows every partition, waiting for all up to the timeout.
 
-        Producing to a partition the producer does not know yet fails the
-        delivery (and so the transaction); waiting here costs one metadata
-        round trip per new topic or growth.
+        Producing to a partition the producer does not know yet fails the delivery (and so the
+        transaction). One request for the whole cluster's metadata answers for every topic of a batch
+        (a request per topic was the cost of a batch); it is repeated until all show or the time is up.
         """
-        if self.producer is None:
-            return
+        if self.producer is None or not partitions:
+            return set(partitions)
         deadline = time.monotonic() + self._timeout_s
-        while time.monotonic() < deadline:
-            md = self.producer.list_topics(topic=name, timeout=self._timeout_s)
-            t = md.topics.get(name)
-            if t is not None and t.error is None and len(t.partitions) >= partitions:
-                return
+        while True:
+            md = self.producer.list_topics(timeout=self._timeout_s)
+            shown = set()
+            for name, n in partitions.items():
+                t = md.topics.get(name)
+                if t is not None and t.error is None and len(t.partitions) >= n:
+                    shown.add(name)
+            if len(shown) == len(partitions) or time.monotonic() >= deadline:
+                return shown
             time.sleep(0.1)  # metadata propagation after CreateTopics: poll with a short interval
-        raise KafkaOperationError(  # transient, as a slow creation above
-            f"waiting for destination topic {name}",
-            TimeoutError(f"{partitions} partitions not in the producer's metadata after {self._timeout_s:.0f} s"),
-        )
+
+
+def _some(names: Sequence[str]) -> str:
+    """Names for a message: the first few, and how many more."""
+    more = len(names) - _NAMED_TOPICS
+    return ", ".join(names[:_NAMED_TOPICS]) + (f" and {more} more" if more > 0 else "")
