@@ -365,6 +365,12 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
         for r in results
         if (closed := sum(t.cross_cluster.sockets_closed for t in r.rounds if t.cross_cluster))
     )
+    compressed = [r.row for r in results if r.placement and not r.placement.crossing_compression.endswith(": none")]
+    if compressed and any(t.cross_cluster for r in results for t in r.rounds):
+        lines.append(
+            f"cross-cluster bytes: {', '.join(compressed)}: what crosses is compressed, and the bench's values are a "
+            "16-byte header and constant padding: real data compresses far less."
+        )
     lines.extend(f"{r.row}: {r.status}: {reason}" for r in results for reason in r.reasons)
     return lines
 

@@ -349,6 +349,16 @@ def test_the_table_gives_bytes_per_record_by_round_against_the_payload_and_mirro
     assert any("ferryman: 2 of its sockets closed" in line for line in footnotes(results))
 
 
+def test_compressed_crossing_figures_are_said_to_flatter() -> None:
+    plain = _result("mm2", _throughput(120_000))
+    plain.placement = Placement("destination", crossing_compression="source batches as written: none")
+    staged = _result("ferryman", _throughput(30_000))
+    staged.placement = Placement("destination", crossing_compression="staging batches: lz4")
+    notes = [line for line in footnotes([plain, staged]) if "compresses far less" in line]
+    assert len(notes) == 1
+    assert notes[0].startswith("cross-cluster bytes: ferryman: what crosses is compressed")
+
+
 def test_without_figures_there_is_no_table() -> None:
     assert cross_cluster_table([_result("copyloop", _throughput(None))]) == ([], [])
 
