@@ -171,12 +171,6 @@ class Placement:
         """The cluster ``program`` runs next to."""
         return self.program_sides.get(program, self.side)
 
-    def describe(self) -> str:
-        """For a table: ``"destination"``, or ``"ferryman-wrapper: source, ferryman-deduper: destination"``."""
-        if not self.program_sides:
-            return self.side
-        return ", ".join(f"{program}: {side}" for program, side in self.program_sides.items())
-
 
 @dataclass(frozen=True, order=True)
 class Link:

@@ -179,10 +179,11 @@ def cross_cluster_table(results: Sequence[RowResult]) -> tuple[list[str], list[l
     """Header and cells of the cross-cluster table; no cells unless some row's bytes were measured.
 
     Each row's bytes between the clusters' regions, placed as it is usually deployed
-    (``bench.crossing``), per record copied: the first round (MB and B/rec), every round
-    and their median, against the payload (key, value, header) and against MirrorMaker 2's
-    median (both modes; ratios only between rows that passed), and at the latency phase's
-    offered load (small batches).
+    (``bench.crossing``; the title says where, the JSON has each row's ``placement``),
+    per record copied: the first round (MB and B/rec), every round and their median,
+    against the payload (key and value) and against MirrorMaker 2's median (both modes;
+    ratios only between rows that passed), and at the latency phase's offered load
+    (small batches).
     """
     if not any(t.cross_cluster for r in results for t in r.rounds):
         return [], []
@@ -190,7 +191,6 @@ def cross_cluster_table(results: Sequence[RowResult]) -> tuple[list[str], list[l
     header = [
         "row",
         "result",
-        "runs next to",
         "what crosses is compressed",
         "MB",
         "B/rec",
@@ -213,7 +213,6 @@ def cross_cluster_table(results: Sequence[RowResult]) -> tuple[list[str], list[l
             [
                 r.row,
                 r.status,
-                r.placement.describe() if r.placement else "-",
                 r.placement.crossing_compression if r.placement else "-",
                 _fmt(crossed.total_bytes / 1e6 if crossed else None, ",.1f"),
                 _fmt(crossed.bytes_per_record if crossed else None, ",.1f"),

@@ -286,7 +286,7 @@ def test_each_row_is_placed_as_usually_deployed() -> None:
     assert ferryman.crossing_compression == "staging batches: lz4"
     for row in (CopyLoopRow(_ctx("lz4")), MirrorMakerEosRow(_ctx("lz4"))):
         placement = row.placement()
-        assert placement.describe() == "destination"
+        assert placement.side_of("java") == placement.side_of("python") == "destination"
         # Their own compression applies on the destination's side: what crosses is as the source wrote it.
         assert placement.crossing_compression == "source batches as written: none"
 
