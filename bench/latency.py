@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaException
 
+from bench.crossing import CrossTraffic
 from bench.loader import LoadProducer
 from bench.records import padding, split_counts
 from bench.verify import LiveWatcher
@@ -103,6 +104,9 @@ class LatencyResult:
     """What the replicator reported about itself over the phase (``Row.counters()`` after
     minus before; empty when it reports nothing). Ferryman: its dedupers' ``commits``,
     and their wall time ``commit_s`` and destination flush time ``commit_flush_s``."""
+    cross_cluster: CrossTraffic | None = None
+    """What crossed between the clusters' regions over the phase, per offered record (small batches:
+    more bytes per record than the bulk copy's); None for the floor, or where ``ss`` is missing."""
 
     @property
     def complete(self) -> bool:

@@ -15,6 +15,10 @@ from ferryman import rowproduce
 from bench.records import keys_of, values_of
 
 _client_ids = count()
+#: The load's batches go to the source uncompressed, librdkafka's default and what a source application
+#: writes unless told otherwise. A replicator running next to the destination fetches them as they are:
+#: its own producer's compression applies to the destination's side only (bench.crossing).
+LOAD_COMPRESSION = "none"
 
 
 class LoadProducer:
@@ -41,6 +45,7 @@ class LoadProducer:
                 # Delivery reports only for failures: no per-record callback on the hot path.
                 "delivery.report.only.error": True,
                 "on_delivery": self._on_delivery,
+                "compression.type": LOAD_COMPRESSION,
                 **(settings or {}),
             }
         )

@@ -2,7 +2,7 @@
 
 ``python -m bench.replication [--scenario partitions|large|scale-out|topics] [--records 1000000] [--value-bytes 100]
 [--partitions 8] [--topics 1] [--staging-partitions N]
-[--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1]
+[--rows ferryman,copyloop,mm2,mm2-eos] [--wrapper-procs 1] [--deduper-procs 1] [--compression none]
 [--latency-rate R|half-ferryman] [--rounds 3] [--json out.json] [--smoke]``
 
 The cost of observability: ``--rows ferryman-bare,ferryman,ferryman-tracedefault,ferryman-trace1,ferryman-trace100``
@@ -33,6 +33,12 @@ for each row:
    order. A row that fails is marked FAILED and gets no ratio: a fast wrong
    answer cannot win.
 
+In both phases the bench also reads the TCP byte counters of the row's sockets
+(``bench.crossing``): the bytes that cross between the clusters' regions with the
+row placed as it is usually deployed (Ferryman's wrapper next to the source, its
+dedupers, MirrorMaker 2 and the copy loop next to the destination), per record
+copied, beside the compression of what crosses.
+
 Then, with ``--rounds N`` (3 by default), the copy is repeated N - 1 more times,
 the rows interleaved round by round (ferryman, copyloop, ... then again), each
 round a fresh launch to fresh destination topics, audited like the first. Two
@@ -55,6 +61,7 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -65,10 +72,21 @@ from typing import Any
 
 import confluent_kafka
 import grpc
+from confluent_kafka import KafkaException
 from ferryman.service import tune_gc
 from ferryman_local import LocalCluster, start_clusters
 
 from bench.bytecode import compile_launched_code
+from bench.crossing import (
+    CrossingSampler,
+    CrossTraffic,
+    Endpoint,
+    Side,
+    Traffic,
+    broker_endpoints,
+    cross_traffic,
+    ss_available,
+)
 from bench.errors import BenchError
 from bench.latency import DRAIN_BUDGET_S, SOURCE_TOPIC_CONFIG, LatencyResult
 from bench.latency import measure as measure_latency
@@ -79,6 +97,7 @@ from bench.provenance import CodeVersion, code_version
 from bench.readcols import reader_path
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES, record_bytes, split_counts
 from bench.report import (
+    cross_cluster_table,
     footnotes,
     latency_table,
     observability_table,
@@ -127,6 +146,9 @@ _REHEARSAL_LATENCY_RATE = 50_000.0
 #: Rounds of the throughput phase in a full run (one in --smoke would leave the rounds untested: two).
 _DEFAULT_ROUNDS = 3
 _SMOKE_ROUNDS = 2
+#: Budget of the metadata request that lists a cluster's brokers (for the cross-cluster bytes): the
+#: clusters have just answered the preload, so this only covers a slow first connection.
+_BROKERS_BUDGET_S = 30.0
 #: Points of a row's visibility timeline kept in the JSON (enough to plot it).
 _TIMELINE_POINTS = 200
 #: Named shapes of issue 29 (scale): defaults that any explicit option overrides.
@@ -200,6 +222,9 @@ class Stage:
     """Records per source partition, topic after topic (``bench.records``)."""
     broker_pids: list[int]
     work_dir: Path
+    brokers: Mapping[Side, frozenset[Endpoint]] | None = None
+    """Every endpoint of each cluster's brokers, to tell which of a row's connections cross
+    (``bench.crossing``); None: cross-cluster bytes are not measured."""
 
 
 def _parse(argv: Sequence[str] | None) -> BenchConfig:
@@ -245,11 +270,16 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         help="ferryman: flows[].staging_partitions (default: the service's, whatever the source partition count)",
     )
     ap.add_argument(
+        "--compression",
         "--staging-compression",
+        dest="compression",
         default="none",
         choices=["none", "gzip", "snappy", "lz4", "zstd"],
-        help="ferryman: wrapper.compression_type of the staging hop (%(default)s, like every other row's producer: "
-        "the bytes never leave this machine; the service's own default, lz4, is for a WAN)",
+        help="producer compression of every row: ferryman's staging hop (wrapper.compression_type; its dedupers "
+        "keep the service's none), the copy loop's and mm2's destination producer (%(default)s: the bytes never "
+        "leave this machine; the wrapper's own default, lz4, is for a WAN). With the wrapper next to the source "
+        "its staging batches cross; the others run next to the destination, where what crosses is the source's "
+        "batches as its producers wrote them, whatever this says",
     )
     ap.add_argument("--mm2-tasks", type=int, default=2, help="mm2 rows: tasks.max (%(default)s: one per core here)")
     ap.add_argument(
@@ -356,7 +386,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
             wrapper_procs=args.wrapper_procs,
             deduper_procs=args.deduper_procs,
             ferryman_txn_ms=args.ferryman_txn_ms,
-            staging_compression=args.staging_compression,
+            compression=args.compression,
             staging_partitions=args.staging_partitions,
             mm2_tasks=args.mm2_tasks,
             mm2_producer_tuning=args.mm2_producer_tuning,
@@ -439,7 +469,35 @@ def _stage(cfg: BenchConfig, source: str, destination: str, broker_pids: list[in
             f"brokers warmed up in {w.seconds:.1f} s: {w.offered:,} records offered, "
             f"{w.relayed:,} relayed in transactions, {w.read:,} read back"
         )
-    return Stage(run_id, source, destination, name, topics, counts, broker_pids, base)
+    brokers = _broker_endpoints(source, destination)
+    return Stage(run_id, source, destination, name, topics, counts, broker_pids, base, brokers)
+
+
+def _broker_endpoints(source: str, destination: str) -> dict[Side, frozenset[Endpoint]] | None:
+    """Each cluster's broker endpoints for ``bench.crossing``; None (logged) when they cannot be told apart."""
+    if not ss_available():
+        _log("cross-cluster bytes not measured: ss (iproute2) is not installed")
+        return None
+    try:
+        brokers: dict[Side, frozenset[Endpoint]] = {
+            "source": broker_endpoints(source, _BROKERS_BUDGET_S),
+            "destination": broker_endpoints(destination, _BROKERS_BUDGET_S),
+        }
+    except (KafkaException, OSError, ValueError) as exc:
+        _log(f"cross-cluster bytes not measured: the brokers' endpoints could not be listed ({exc})")
+        return None
+    if shared := brokers["source"] & brokers["destination"]:
+        _log(f"cross-cluster bytes not measured: source and destination share brokers ({_endpoints(shared)})")
+        return None
+    _log(
+        f"cross-cluster bytes: source brokers {_endpoints(brokers['source'])}, destination brokers "
+        f"{_endpoints(brokers['destination'])}"
+    )
+    return brokers
+
+
+def _endpoints(endpoints: frozenset[Endpoint]) -> list[str]:
+    return [f"{e.host}:{e.port}" for e in sorted(endpoints)]
 
 
 def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
@@ -454,7 +512,9 @@ def _rehearse(cfg: BenchConfig, stage: Stage) -> None:
     run_id = uuid.uuid4().hex[:6]
     stem = f"bench-{run_id}-rehearsal"
     topics, counts, _loaded = _preloaded_topics(cfg, stage.source, stem, cfg.rehearsal_records)
-    rehearsal = Stage(run_id, stage.source, stage.destination, stem, topics, counts, [], stage.work_dir / "rehearsal")
+    rehearsal = Stage(
+        run_id, stage.source, stage.destination, stem, topics, counts, [], stage.work_dir / "rehearsal", stage.brokers
+    )
     short = replace(cfg, latency_duration_s=min(cfg.latency_duration_s, _REHEARSAL_LATENCY_S))
     for name in cfg.rows:
         started = time.monotonic()
@@ -609,6 +669,7 @@ def _run_row(
         _log(f"{cls.name}: unavailable: {exc}")
         return result
     result.settings = dict(row.settings())
+    result.placement = row.placement()
     try:
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
@@ -664,6 +725,10 @@ def _measure(
     sampler = TreeSampler(p.pid for p in row.processes)
     # Stopped before the row: the peak RSS covers the copy and the latency phase, not the shutdown.
     cleanup.callback(lambda: _record_peak_rss(result, sampler))
+    # Its first reading, now, is the copy's start: every socket the row opens from here counts in full.
+    crossing = _crossing_sampler(row, stage)
+    if crossing is not None:
+        cleanup.callback(crossing.stop)
     first = _FirstVisible(sampler)
     deadline = launched + cfg.timeout_s
     watcher = LiveWatcher(stage.destination, _destination_topics(row, stage), stage.counts, deadline, on_first=first)
@@ -676,6 +741,7 @@ def _measure(
     cpu_by_program = {name: u.cpu_s for name, u in usage_by_program.items()}
     broker_cpu_s = brokers.sample() if brokers else math.nan
     broker_kernel_s = brokers.kernel_s() - broker_kernel_at_launch if brokers else None
+    copied = _read_crossing(crossing, row)
     watcher.stop(_WATCHER_STOP_BUDGET_S)
     tp = _throughput(stage, cfg.value_bytes, watcher, launched, first, cpu_s, broker_cpu_s, broker_cpu_at_launch)
     per_m = 1e6 / tp.records if tp.records else None
@@ -686,6 +752,7 @@ def _measure(
         minor_faults_by_program={name: u.minor_faults for name, u in usage_by_program.items()},
         kernel_cpu_s_per_m=kernel_s * per_m if per_m else None,
         broker_kernel_cpu_s_per_m=broker_kernel_s * per_m if per_m and broker_kernel_s is not None else None,
+        cross_cluster=cross_traffic(copied, tp.records) if copied is not None else None,
     )
     result.throughput = tp
     _log(
@@ -695,6 +762,8 @@ def _measure(
         + _kernel_share(tp)
     )
     _log(f"{row.name}: by program, per million records: " + _usage_per_million(usage_by_program, tp.records))
+    if tp.cross_cluster is not None:
+        _log(f"{row.name}: crossed between the regions in the copy: " + _crossed(tp.cross_cluster, cfg.value_bytes))
     if failure:
         result.fail(failure)
         return
@@ -705,6 +774,7 @@ def _measure(
     sampler.sample()
     before = _by_program(sampler, row)
     counters_before = _counters(row)
+    crossing_before = _read_crossing(crossing, row)
     # A row slower than the offered load (MM2 exactly-once, at half of Ferryman's rate) works through its
     # backlog after the load ends: twice the time its own steady rate needs for it, so that falling behind
     # shows as latency rather than as a failed row.
@@ -723,23 +793,71 @@ def _measure(
     by_program = {k: v - before.get(k, 0.0) for k, v in _by_program(sampler, row).items()}
     counters_after = _counters(row)
     counters = {k: v - counters_before[k] for k, v in counters_after.items() if k in counters_before}
+    crossing_after = _read_crossing(crossing, row)
+    crossed = (
+        cross_traffic(crossing_after.minus(crossing_before), lat.records)
+        if crossing_before is not None and crossing_after is not None
+        else None
+    )
     # The programs' shares add up to the whole: every process sampled belongs to one root.
     result.latency = replace(
         lat,
         replicator_cpu_s=sum(by_program.values()),
         replicator_cpu_s_by_program=by_program,
         replicator_counters=counters,
+        cross_cluster=crossed,
     )
     _log(
         f"{row.name}: kept up with the offered load for {result.latency.replicator_cpu_s_per_m:.2f} CPU s/M"
         + _split_per_million(by_program, lat.records)
     )
+    if crossed is not None:
+        _log(f"{row.name}: crossed between the regions at the offered load: " + _crossed(crossed, cfg.value_bytes))
     if counters.get("commits"):
         n = counters["commits"]
         _log(
             f"{row.name}: {n:,.0f} transactions committed in the phase, {counters['commit_s'] / n * 1000:.1f} ms "
             f"each on average ({counters['commit_flush_s'] / n * 1000:.1f} ms of it flushing the records)"
         )
+
+
+def _crossing_sampler(row: Row, stage: Stage) -> CrossingSampler | None:
+    """A sampler of the row's sockets (``bench.crossing``), or None (logged) when they cannot be read."""
+    if stage.brokers is None:
+        return None
+    try:
+        return CrossingSampler(row.programs(), row.placement(), stage.brokers)
+    except (subprocess.SubprocessError, OSError) as exc:
+        _log(f"{row.name}: cross-cluster bytes not measured: its sockets could not be read ({exc})")
+        return None
+
+
+def _read_crossing(crossing: CrossingSampler | None, row: Row) -> Traffic | None:
+    """``crossing.read()``, or None (logged) when ``ss`` fails: the figure is left out, the row goes on."""
+    if crossing is None:
+        return None
+    try:
+        return crossing.read()
+    except (subprocess.SubprocessError, OSError) as exc:
+        _log(f"{row.name}: its sockets could not be read ({exc})")
+        return None
+
+
+def _crossed(crossed: CrossTraffic, value_bytes: int) -> str:
+    """The crossing figures for a log line.
+
+    For instance ``"12.3 MB, 123.4 B/record (113 B of payload): ferryman-wrapper to destination brokers 12.2 MB,
+    ferryman-wrapper to ferryman-deduper 0.1 MB"``, with the sockets that closed in the phase when there were some.
+    """
+    per_record = crossed.bytes_per_record
+    out = (
+        f"{crossed.total_bytes / 1e6:,.1f} MB, {per_record or math.nan:,.1f} B/record "
+        f"({record_bytes(value_bytes)} B of payload): "
+    )
+    out += ", ".join(f"{link} {crossed.by_link[link].total_bytes / 1e6:,.2f} MB" for link in crossed.crossing_links)
+    if crossed.sockets_closed:
+        out += f"; {crossed.sockets_closed} sockets closed in the phase (counted to their last reading)"
+    return out
 
 
 def _counters(row: Row) -> Mapping[str, float]:
@@ -923,6 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             (tp_title, *throughput_table(results)),
             (rounds_title, *rounds_table(results)),
+            (_CROSS_TITLE, *cross_cluster_table(results)),
             ("Cost of metrics and tracing: against ferryman-bare, round by round", *observability_table(results)),
             (lat_title, *latency_table(results, floor)),
         ]
@@ -933,6 +1052,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(cfg.json_path, _describe(cfg, stage, reclaim, code), results, floor)
         _log(f"raw figures in {cfg.json_path}")
     return 1 if any(r.status == "FAILED" for r in results) else 0
+
+
+#: Title of the cross-cluster table: what the figures count.
+_CROSS_TITLE = (
+    "Cross-cluster bytes: TCP payload both ways between the clusters' regions, each replicator placed as usually "
+    "deployed (Ferryman's wrapper next to the source; its dedupers, MirrorMaker 2 and the copy loop next to the "
+    "destination)"
+)
 
 
 def _shape(cfg: BenchConfig) -> str:
@@ -948,6 +1075,12 @@ def _describe(
         "code": code,  # as the run started
         "topic": stage.name if stage else None,  # the only source topic's name when there is one, as it always was
         "topics": list(stage.topics) if stage else None,
+        # The endpoints that told the rows' connections apart (bench.crossing); None: not measured.
+        "cross_cluster_brokers": (
+            {side: _endpoints(endpoints) for side, endpoints in stage.brokers.items()}
+            if stage and stage.brokers
+            else None
+        ),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.latency import LatencyResult
-from bench.results import SHORT_WINDOW_SHARE, RowResult
+from bench.results import SHORT_WINDOW_SHARE, RowResult, Throughput
 
 try:  # rich is a development dependency; plain text without it
     from rich.console import Console
@@ -175,6 +175,67 @@ def rounds_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str
     return header, cells
 
 
+def cross_cluster_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the cross-cluster table; no cells unless some row's bytes were measured.
+
+    Each row's bytes between the clusters' regions, placed as it is usually deployed
+    (``bench.crossing``; the title says where, the JSON has each row's ``placement``),
+    per record copied: the first round (MB and B/rec), every round and their median,
+    against the payload (key and value) and against MirrorMaker 2's median (both modes;
+    ratios only between rows that passed), and at the latency phase's offered load
+    (small batches).
+    """
+    if not any(t.cross_cluster for r in results for t in r.rounds):
+        return [], []
+    mm2, mm2_eos = _ok(results, "mm2"), _ok(results, "mm2-eos")
+    header = [
+        "row",
+        "result",
+        "what crosses is compressed",
+        "MB",
+        "B/rec",
+        "B/rec by round",
+        "median",
+        "x payload",
+        "vs mm2",
+        "vs mm2-eos",
+        "B/rec offered load",
+    ]
+    mm2_median = _crossing_median(mm2) if mm2 else None
+    mm2_eos_median = _crossing_median(mm2_eos) if mm2_eos else None
+    cells: list[list[str]] = []
+    for r in results:
+        t, lat, ok = r.throughput, r.latency, r.status == "ok"
+        crossed = t.cross_cluster if t else None
+        median = _crossing_median(r)
+        payload = t.payload_bytes / t.records if t and t.records else None
+        cells.append(
+            [
+                r.row,
+                r.status,
+                r.placement.crossing_compression if r.placement else "-",
+                _fmt(crossed.total_bytes / 1e6 if crossed else None, ",.1f"),
+                _fmt(crossed.bytes_per_record if crossed else None, ",.1f"),
+                _per_round([_bytes_per_record(t) for t in r.rounds], ",.1f"),
+                _fmt(median, ",.1f"),
+                _ratio(median, payload),
+                _ratio(median, mm2_median) if ok else "-",
+                _ratio(median, mm2_eos_median) if ok else "-",
+                _fmt(lat.cross_cluster.bytes_per_record if lat and lat.cross_cluster else None, ",.1f"),
+            ]
+        )
+    return header, cells
+
+
+def _bytes_per_record(t: Throughput) -> float | None:
+    return t.cross_cluster.bytes_per_record if t.cross_cluster else None
+
+
+def _crossing_median(r: RowResult) -> float | None:
+    """The median over the row's rounds of the bytes that crossed per record."""
+    return _median([_bytes_per_record(t) for t in r.rounds])
+
+
 #: The baseline of the observability rows (metrics and tracing off), and the rows compared with it.
 OBSERVABILITY_BASELINE = "ferryman-bare"
 OBSERVED_ROWS = ("ferryman", "ferryman-tracedefault", "ferryman-trace1", "ferryman-trace100")
@@ -297,6 +358,18 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
             "committed in a few large transactions), so the steady figures say more about the reader than the "
             "replicator. Compare rec/s from start, use more --records, and see the timeline in the JSON."
         )
+    lines.extend(
+        f"cross-cluster bytes: {r.row}: {closed} of its sockets closed during the copy (over all rounds); each is "
+        "counted to its last reading, up to a second before it closed"
+        for r in results
+        if (closed := sum(t.cross_cluster.sockets_closed for t in r.rounds if t.cross_cluster))
+    )
+    compressed = [r.row for r in results if r.placement and not r.placement.crossing_compression.endswith(": none")]
+    if compressed and any(t.cross_cluster for r in results for t in r.rounds):
+        lines.append(
+            f"cross-cluster bytes: {', '.join(compressed)}: what crosses is compressed, and the bench's values are a "
+            "16-byte header and constant padding: real data compresses far less."
+        )
     lines.extend(f"{r.row}: {r.status}: {reason}" for r in results for reason in r.reasons)
     return lines
 
@@ -334,7 +407,14 @@ def print_tables(tables: Sequence[tuple[str, list[str], list[list[str]]]]) -> No
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        for name in ("complete", "short_window", "rig_cores", "replicator_cpu_s_per_m"):
+        for name in (
+            "complete",
+            "short_window",
+            "rig_cores",
+            "replicator_cpu_s_per_m",
+            "total_bytes",
+            "bytes_per_record",
+        ):
             if hasattr(obj, name):
                 out[name] = _jsonable(getattr(obj, name))
         return out

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bench.crossing import CrossTraffic, Placement
 from bench.latency import LatencyResult
 
 Status = Literal["ok", "FAILED", "unavailable"]
@@ -72,6 +73,9 @@ class Throughput:
     broker_kernel_cpu_s_per_m: float | None = None
     """The part of ``broker_cpu_s_per_m`` spent in the kernel: a round that is slow for no
     reason of the row's own often shows here (page-cache work in the destination broker)."""
+    cross_cluster: CrossTraffic | None = None
+    """What crossed between the clusters' regions from launch to the last record visible, the row
+    placed as it is usually deployed (``bench.crossing``); None where ``ss`` is missing."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class RowResult:
     status: Status = "ok"
     reasons: list[str] = field(default_factory=list)
     settings: Mapping[str, object] = field(default_factory=dict)
+    placement: Placement | None = None
+    """Which cluster each of the row's programs runs next to, for its ``cross_cluster`` figures."""
     throughput: Throughput | None = None
     verdict: Verdict | None = None
     latency: LatencyResult | None = None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from bench import procs
+from bench.crossing import Placement
 
 #: How much of a row's log is quoted when one of its processes dies.
 _LOG_TAIL_CHARS = 2000
@@ -29,8 +30,9 @@ class RowOptions:
     """Ferryman: ``ferryman-deduper`` processes."""
     ferryman_txn_ms: int | None = None
     """Ferryman: ``deduper.transaction_interval_ms`` (None: the service default)."""
-    staging_compression: str = "none"
-    """Ferryman: ``wrapper.compression_type``, the staging hop's compression."""
+    compression: str = "none"
+    """Producer compression of every row: Ferryman's staging hop (``wrapper.compression_type``; its dedupers
+    keep the service default), the copy loop's and MirrorMaker 2's destination producer."""
     staging_partitions: int | None = None
     """Ferryman: ``flows[].staging_partitions`` (None: the service default)."""
     mm2_tasks: int = 2
@@ -96,6 +98,14 @@ class Row(ABC):
     def destination_topic(self, source_topic: str) -> str:
         """Where the row copies ``source_topic`` on the destination cluster."""
         return f"{self.alias}.{source_topic}"
+
+    @abstractmethod
+    def placement(self) -> Placement:
+        """The cluster each of the row's programs runs next to, as the replicator is usually deployed.
+
+        It decides which of the row's connections cross between the regions (``bench.crossing``); it also
+        says how what crosses is compressed.
+        """
 
     def check(self) -> None:  # noqa: B027 -- optional hook; most rows need no check
         """Raise ``RowUnavailableError`` if the replicator cannot run here."""

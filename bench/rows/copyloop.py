@@ -10,14 +10,13 @@ from pathlib import Path
 from ferryman.client_config import STREAMING_CONSUMER_DEFAULTS
 from ferryman.service import GC_GEN0_THRESHOLD
 
+from bench.crossing import Placement
+from bench.loader import LOAD_COMPRESSION
 from bench.rows.base import Row
 from bench.topics import create_topics
 
 #: librdkafka's default linger: batches fill in ~5 ms at full speed and add at most 5 ms at low rates.
 _LINGER_MS = 5
-#: No compression: measured fastest here, where the brokers share the same two cores (lz4 costs
-#: client CPU for bytes that never leave the machine).
-_COMPRESSION = "none"
 #: The directory that holds the ``bench`` package, for the child's import path.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +31,14 @@ class CopyLoopRow(Row):
     def alias(self) -> str:
         """Destination topics are ``copyloop.<topic>`` (``copyloop-rN.<topic>`` in round N)."""
         return "copyloop" + self.ctx.round_tag
+
+    def placement(self) -> Placement:
+        """Next to the destination, like MirrorMaker 2: what crosses is its traffic with the source's brokers.
+
+        Those are the source's fetch responses, compressed as the source's producers wrote them (the
+        bench's load: ``LOAD_COMPRESSION``); the loop's own compression only applies on the destination's side.
+        """
+        return Placement("destination", crossing_compression=f"source batches as written: {LOAD_COMPRESSION}")
 
     def prepare(self) -> None:
         """Create the destination topics: unlike MirrorMaker 2 and Ferryman, a bare loop does not."""
@@ -54,7 +61,7 @@ class CopyLoopRow(Row):
             "--linger-ms",
             str(_LINGER_MS),
             "--compression",
-            _COMPRESSION,
+            self.ctx.options.compression,
             # The services' streaming consumer settings, passed so the loop need not import ferryman.
             *(f"--consumer-property={k}={v}" for k, v in STREAMING_CONSUMER_DEFAULTS.items()),
             # ...and their cyclic-GC setting: the ceiling of one process gets what the services get.
@@ -75,7 +82,7 @@ class CopyLoopRow(Row):
         return {
             "processes": 1,
             "linger_ms": _LINGER_MS,
-            "compression": _COMPRESSION,
+            "compression": self.ctx.options.compression,
             "commit": "flush, then async, 1 s",
             "gc": f"start-up heap frozen, young collections every {GC_GEN0_THRESHOLD:,} allocations (as the services)",
         }

@@ -12,6 +12,7 @@ import yaml
 from ferryman.status import deduper_status
 from ferryman_local import reserve_port
 
+from bench.crossing import Placement
 from bench.rows.base import Row, RowContext, RowUnavailableError
 
 #: The console scripts live next to the interpreter (``pip install -e .`` puts them there).
@@ -40,6 +41,19 @@ class FerrymanRow(Row):
         A variant's are ``source-<variant>.<topic>``.
         """
         return _SOURCE_ALIAS + self.variant + self.ctx.round_tag
+
+    def placement(self) -> Placement:
+        """The wrapper next to the source, the dedupers next to the destination.
+
+        What crosses: the wrapper's traffic with the destination's brokers (the staging
+        writes, compressed as ``--compression`` says, and its discovery and commits there)
+        and the control link the wrapper dials to the dedupers.
+        """
+        return Placement(
+            "destination",
+            {"ferryman-wrapper": "source", "ferryman-deduper": "destination"},
+            crossing_compression=f"staging batches: {self.ctx.options.compression}",
+        )
 
     def check(self) -> None:
         """The console scripts must be installed."""
@@ -73,7 +87,7 @@ class FerrymanRow(Row):
             "wrapper": {
                 "listen_address": "127.0.0.1:0",
                 "metrics_address": "127.0.0.1:0",
-                "compression_type": opts.staging_compression,
+                "compression_type": opts.compression,
                 "deduper_addresses": deduper_addresses,
             },
             "deduper": deduper,
@@ -124,6 +138,6 @@ class FerrymanRow(Row):
             "wrapper_procs": opts.wrapper_procs,
             "deduper_procs": opts.deduper_procs,
             "transaction_interval_ms": opts.ferryman_txn_ms or "service default",
-            "staging_compression": opts.staging_compression,
+            "staging_compression": opts.compression,
             "staging_partitions": opts.staging_partitions or "service default",
         }

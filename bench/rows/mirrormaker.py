@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 from ferryman_local import HarnessError, ensure_kafka_jars, reserve_port
 
+from bench.crossing import Placement
+from bench.loader import LOAD_COMPRESSION
 from bench.rows.base import Row, RowContext, RowUnavailableError
 
 _TARGET = "target"
@@ -56,6 +58,15 @@ class MirrorMakerRow(Row):
         """Source cluster alias, unique per run; destination topics are ``<alias>.<topic>``."""
         return f"{self.name.replace('-', '')}{self.ctx.run_id}"
 
+    def placement(self) -> Placement:
+        """Next to the destination, as MirrorMaker 2 is usually deployed (consume remote, produce local).
+
+        What crosses is its traffic with the source's brokers: the fetch responses, compressed
+        only as the source's producers wrote them (``target.producer.compression.type`` applies
+        on the destination's side), and what it writes to the source (its offset syncs).
+        """
+        return Placement("destination", crossing_compression=f"source batches as written: {LOAD_COMPRESSION}")
+
     def check(self) -> None:
         """Java must be installed and the MirrorMaker jars resolvable."""
         if shutil.which("java") is None:
@@ -90,6 +101,8 @@ class MirrorMakerRow(Row):
             "sync.topic.acls.enabled": "false",
             # Same source semantics as the other rows (librdkafka's default): aborted records are not copied.
             f"{flow}.consumer.isolation.level": "read_committed",
+            # The same compression as the other rows' producers (Connect's default is none too).
+            f"{_TARGET}.producer.compression.type": opts.compression,
         }
         if opts.mm2_producer_tuning:
             # Batching like the Python rows (Connect's producer defaults: 16 KB batches, linger 0).
@@ -139,6 +152,7 @@ class MirrorMakerRow(Row):
             if self.ctx.options.mm2_producer_tuning
             else "Connect defaults",
             "heap": "-Xms256M -Xmx2G (as connect-mirror-maker.sh)",
+            "producer_compression": self.ctx.options.compression,
         }
 
 

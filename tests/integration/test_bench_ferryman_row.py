@@ -1,4 +1,4 @@
-"""The bench's Ferryman row on real clusters: it copies, and its dedupers report their commits."""
+"""The bench's Ferryman row on real clusters: it copies, its dedupers report their commits, its crossing bytes show."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.crossing import CrossingSampler, Endpoint, Link, Side, broker_endpoints, ss_available
 from bench.loader import LoadProducer
-from bench.records import padding, split_counts
+from bench.records import padding, record_bytes, split_counts
 from bench.rows.base import RowContext, RowOptions
 from bench.rows.ferryman import FerrymanRow
 from bench.verify import LiveWatcher
@@ -48,6 +49,11 @@ def test_the_ferryman_row_reports_its_dedupers_commits(
     row.check()
     assert row.counters() == {"commits": 0.0, "commit_s": 0.0, "commit_flush_s": 0.0}  # nothing launched
     row.launch()
+    brokers: dict[Side, frozenset[Endpoint]] = {
+        "source": broker_endpoints(source_cluster.bootstrap_servers, _BUDGET_S),
+        "destination": broker_endpoints(destination_cluster.bootstrap_servers, _BUDGET_S),
+    }
+    crossing = CrossingSampler(row.programs(), row.placement(), brokers) if ss_available() else None
     try:
         watcher = LiveWatcher(
             destination_cluster.bootstrap_servers,
@@ -68,5 +74,14 @@ def test_the_ferryman_row_reports_its_dedupers_commits(
         counters = wait_until(committed, _BUDGET_S, message="the deduper reports a committed transaction")
         assert counters is not None
         assert 0 < counters["commit_flush_s"] < counters["commit_s"]
+        if crossing is not None:
+            # What crosses is the wrapper's: its staging writes carry every record (uncompressed by RowOptions()).
+            flows = crossing.read().flows
+            staging = flows[Link("ferryman-wrapper", "destination brokers", crosses=True)]
+            assert staging.sent_bytes > _RECORDS * record_bytes(100)
+            assert Link("ferryman-wrapper", "ferryman-deduper", crosses=True) in flows
+            assert not any(link.crosses for link in flows if link.program == "ferryman-deduper")
     finally:
+        if crossing is not None:
+            crossing.stop()
         row.stop(10.0)
