@@ -1,7 +1,7 @@
 """Audit-rate benchmark: ``ferryman audit`` verifying what Ferryman replicated, on the same machine and data.
 
 ``python -m bench.audit [--records 5000000] [--value-bytes 100] [--partitions 8] [--runs 3]
-[--master local[*]] [--json out.json] [--smoke]``
+[--master local[2 x cores]] [--json out.json] [--smoke]``
 
 One run starts two local clusters (or uses ``--source-bootstrap`` /
 ``--destination-bootstrap``), preloads the source topic (``bench.preload``),
@@ -44,6 +44,7 @@ from ferryman.service import tune_gc
 from ferryman_auditor import AuditRange, run_audit, spark_session
 from ferryman_auditor._align import PAIRING
 from ferryman_auditor._identity import CODER
+from ferryman_auditor._spark import DEFAULT_MASTER
 from ferryman_auditor.kafka_source._reader import compiled_path
 from ferryman_local import LocalCluster, start_clusters
 
@@ -99,7 +100,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="audits of the whole flow in one Spark session (default 3: the first pays the Python workers' start, "
         "the JVM compiles for a while after it; --smoke: 1)",
     )
-    ap.add_argument("--master", default="local[*]", help="Spark master (%(default)s: this machine's cores)")
+    ap.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (%(default)s)")
     ap.add_argument("--warmup-seconds", type=float, default=30.0, help="broker warm-up traffic, s (%(default)s)")
     ap.add_argument("--source-bootstrap", "--source", dest="source", help="use this source cluster")
     ap.add_argument("--destination-bootstrap", "--destination", dest="destination", help="and this destination")

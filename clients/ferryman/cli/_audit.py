@@ -147,7 +147,7 @@ def run(
     since: Annotated[str | None, typer.Option(help="Time window start: ISO-8601 or ms since the epoch.")] = None,
     until: Annotated[str | None, typer.Option(help="Time window end (exclusive).")] = None,
     master: Annotated[
-        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
+        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
     ] = None,
     reports_dir: Annotated[
         Path | None,
@@ -240,7 +240,7 @@ def schedule(
         ),
     ] = None,
     master: Annotated[
-        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[*]).")
+        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
     ] = None,
     reports_dir: Annotated[
         Path | None,
