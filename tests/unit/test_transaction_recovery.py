@@ -157,6 +157,28 @@ def test_a_fence_of_a_transaction_older_than_its_timeout_goes_to_recovery_not_ou
     assert len(producers.made) == 2
 
 
+def test_a_fence_at_the_abort_of_a_transaction_older_than_its_timeout_rebuilds() -> None:
+    # A CI chaos run: a deduper paused (SIGSTOP) 14 s against a 10 s transaction timeout woke up with its
+    # staging partitions lost (abortable); the coordinator had expired the transaction and bumped the epoch,
+    # so the abort was fenced, and the deduper exited as if a twin had taken over.
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    producers.made[0].fail["abort_transaction"] = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    t.started = time.monotonic() - 2.0
+    t.recover(abortable(), "lost partitions")
+    assert len(producers.made) == 2
+    assert producers.made[1].calls == ["init_transactions"]
+
+
+def test_a_fence_at_the_abort_of_a_young_transaction_is_a_live_twin() -> None:
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=60_000)
+    producers.made[0].fail["abort_transaction"] = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    with pytest.raises(FencedError, match="abort"):
+        t.recover(abortable(), "lost partitions")
+    assert len(producers.made) == 1  # rebuilding would fence the twin back
+
+
 def fenced() -> KafkaException:
     return KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
 

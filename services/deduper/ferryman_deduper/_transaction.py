@@ -343,7 +343,15 @@ class Transaction:
             try:
                 self._retrying(self.producer.abort_transaction, "abort_transaction", self._dc.operation_timeout_s)
             except (KafkaException, KafkaOperationError, WedgedCallError) as abort_exc:
-                if isinstance(abort_exc, KafkaException) and classify(abort_exc) is ErrorClass.FENCED:
+                # A fence at the abort is a twin's unless it may be ours: a zombie pause past
+                # transaction.timeout.ms loses the staging partitions (abortable) and, meanwhile, the
+                # coordinator expired the transaction and bumped our epoch (a CI chaos run: SIGSTOP 14 s
+                # against a 10 s timeout, and the deduper exited as fenced with no twin alive).
+                if (
+                    isinstance(abort_exc, KafkaException)
+                    and classify(abort_exc) is ErrorClass.FENCED
+                    and not self.fence_may_be_ours(abort_exc)
+                ):
                     raise FencedError(f"abort: {abort_exc}") from abort_exc
                 cls = ErrorClass.FATAL
         self.clear()
