@@ -162,6 +162,8 @@ class Wrapper:
         self.records_sent = 0
         self.envelopes_sent = 0
         self.source_records_lost = 0
+        #: The last source offset counted in source_records_lost, by partition.
+        self._lost_through: dict[PartitionKey, int] = {}
         self.rewinds = 0
         self.producer_rebuilds = 0
         self.consumer_rebuilds = 0
@@ -864,25 +866,51 @@ class Wrapper:
         if key.topic in self._specs.recreated:
             _log.warning("source partition %s is out of range (%s): its topic was re-created", key, err.str())
             return  # the loop replaces the consumer, which starts the new topic from its beginning
-        low, _high = topics.watermark_offsets(self._consumer, key.topic, key.partition, budget_s=_ADMIN_TIMEOUT_S)
+        low, high = topics.watermark_offsets(self._consumer, key.topic, key.partition, budget_s=_ADMIN_TIMEOUT_S)
         first_lost = self._parts.chain[key] + 1
+        if low <= first_lost <= high:
+            # The next offset is in the log: the error is about a fetch position this wrapper has already moved
+            # past (a rejoin right after start reassigns the partition while its first out-of-range error is
+            # being handled, and the old fetch reports it again).
+            _log.warning(
+                "source partition %s: a stale out-of-range error (%s); offset %d is in the log (%d..%d)",
+                key,
+                err.str(),
+                first_lost,
+                low,
+                high,
+            )
+            return
         if low <= first_lost:
             raise SourceDataLostError(  # the position left the log, yet nothing before it was deleted: unexplained
                 f"source partition {key}: the next offset to replicate, {first_lost}, is out of range ({err.str()}) "
                 f"while the log starts at {low}; refusing to guess where to go on"
             )
-        _log.error(
-            "SOURCE DATA LOST: source partition %s offsets %d..%d were deleted (retention) before this wrapper "
-            "read them (%s). Going on from offset %d; the deduper holds the partition at the gap and reports it "
-            "until the loss is acknowledged (flows[].acknowledged_losses)",
-            key,
-            first_lost,
-            low - 1,
-            err.str(),
-            low,
-        )
+        # Counted once: a partition that comes back from its committed offset (a rejoin, a rebalance) meets
+        # the same deleted range again.
+        counted_through = self._lost_through.get(key, -1)
+        if low - 1 > counted_through:
+            _log.error(
+                "SOURCE DATA LOST: source partition %s offsets %d..%d were deleted (retention) before this wrapper "
+                "read them (%s). Going on from offset %d; the deduper holds the partition at the gap and reports it "
+                "until the loss is acknowledged (flows[].acknowledged_losses)",
+                key,
+                first_lost,
+                low - 1,
+                err.str(),
+                low,
+            )
+            self.source_records_lost += low - max(first_lost, counted_through + 1)
+            self._lost_through[key] = low - 1
+        else:
+            _log.warning(
+                "source partition %s: offsets %d..%d, already reported lost; going on from offset %d",
+                key,
+                first_lost,
+                low - 1,
+                low,
+            )
         self._parts.chain[key] = low - 1
-        self.source_records_lost += low - first_lost
         # After an offset reset error the partition's fetcher refuses a seek (_STATE): take it out of the
         # local assignment and put it back at the log start (the group's assignment does not change).
         tp = TopicPartition(key.topic, key.partition)
