@@ -179,6 +179,33 @@ def test_a_fence_at_the_abort_of_a_young_transaction_is_a_live_twin() -> None:
     assert len(producers.made) == 1  # rebuilding would fence the twin back
 
 
+def test_a_fence_after_the_process_was_frozen_past_the_timeout_is_our_own_even_between_transactions() -> None:
+    # A CI chaos run: a deduper SIGSTOPped 14 s against a 10 s timeout was fenced at its next
+    # AddPartitionsToTxn and exited as if a twin had taken over.
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    t.clear()  # between transactions
+    t.note_alive()
+    assert not t.fence_may_be_ours(fenced())  # not frozen: a twin
+    t._alive_at -= 2.0  # the loop last went round 2 s ago: frozen past the timeout
+    assert t.fence_may_be_ours(fenced())
+    t.note_alive()  # the loop goes round again: the freeze is remembered for one more timeout
+    assert t.fence_may_be_ours(fenced())
+    t.recover(fenced(), "writing the transaction")
+    assert len(producers.made) == 2
+
+
+def test_a_fence_long_after_a_freeze_is_a_twin() -> None:
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    t.clear()
+    t._stalled_at = time.monotonic() - 5.0
+    t.note_alive()
+    assert not t.fence_may_be_ours(fenced())
+    with pytest.raises(FencedError):
+        t.recover(fenced(), "writing the transaction")
+
+
 def fenced() -> KafkaException:
     return KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
 
@@ -208,6 +235,7 @@ def test_a_fence_long_after_the_last_replacement_is_a_twin(monkeypatch: pytest.M
     later = time.monotonic() + 2.0
     monkeypatch.setattr("ferryman_deduper._transaction.time.monotonic", lambda: later)
     t.started = later  # a young transaction
+    t._alive_at = later  # the loop has been going round: not frozen
     assert not t.fence_may_be_ours(fenced())
     with pytest.raises(FencedError):
         t.recover(fenced(), "commit")

@@ -444,6 +444,7 @@ class Deduper:
     def _loop(self) -> None:
         next_sync = time.monotonic() + _SPEC_SYNC_INTERVAL_S
         while not self._stop.is_set():
+            self._txn.note_alive()
             if self._recovery is not None and not self._try_recover():
                 continue
             try:

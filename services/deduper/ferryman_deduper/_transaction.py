@@ -123,6 +123,10 @@ class Transaction:
         self._rebuild_due = False
         #: When a producer of ours was last replaced (monotonic), until a fence is forgiven for it.
         self._replaced_at: float | None = None
+        #: When the loop last went round (`note_alive`), and when it last found itself frozen for longer than
+        #: transaction.timeout.ms (SIGSTOP, a stalled VM): a fence soon after that is our own expiry's.
+        self._alive_at = time.monotonic()
+        self._stalled_at: float | None = None
 
     # ------------------------------------------------------------- producer
     def start(self) -> None:
@@ -178,7 +182,28 @@ class Transaction:
         now, timeout_s = time.monotonic(), self._dc.transaction_timeout_ms / 1000
         recent = self._replaced_at is not None and now - self._replaced_at < timeout_s
         outlived = self.open and now - self.started >= timeout_s
-        return (recent or outlived) and isinstance(exc, (KafkaException, KafkaOperationError))
+        return (recent or outlived or self.stalled()) and isinstance(exc, (KafkaException, KafkaOperationError))
+
+    def note_alive(self) -> None:
+        """The loop goes round (called once per iteration): notes a freeze longer than transaction.timeout.ms."""
+        now = time.monotonic()
+        if now - self._alive_at >= self._dc.transaction_timeout_ms / 1000:
+            self._stalled_at = now
+        self._alive_at = now
+
+    def stalled(self) -> bool:
+        """Whether this process was frozen longer than transaction.timeout.ms, now or less than that ago.
+
+        A process frozen that long (a zombie pause: SIGSTOP, a stalled VM) has had its transaction
+        expired by the coordinator, which bumps the epoch (transaction.version 2), whether or not it
+        still counts a transaction as open: a fence in the next transaction.timeout.ms is its own (a CI
+        chaos run: a deduper paused 14 s against a 10 s timeout was fenced at its next AddPartitionsToTxn
+        and exited as if a twin had taken over).
+        """
+        now, timeout_s = time.monotonic(), self._dc.transaction_timeout_ms / 1000
+        return now - self._alive_at >= timeout_s or (
+            self._stalled_at is not None and now - self._stalled_at < timeout_s
+        )
 
     def rebuild(self, *, after_own_fence: bool = False) -> None:
         """Replace the producer; init_transactions resolves whatever the old one left open."""
@@ -330,7 +355,7 @@ class Transaction:
             cls, own_fence = ErrorClass.FATAL, True
         if cls is ErrorClass.FENCED:
             age_ms = (time.monotonic() - self.started) * 1000
-            if not self.open or age_ms < self._dc.transaction_timeout_ms:
+            if (not self.open or age_ms < self._dc.transaction_timeout_ms) and not self.stalled():
                 raise FencedError(
                     f"{what}: transactional.id {self.transactional_id} was taken over by another deduper "
                     f"instance ({exc}); two live processes must not share an instance id"
