@@ -53,7 +53,8 @@ def test_the_ferryman_row_reports_its_dedupers_commits(
         "source": broker_endpoints(source_cluster.bootstrap_servers, _BUDGET_S),
         "destination": broker_endpoints(destination_cluster.bootstrap_servers, _BUDGET_S),
     }
-    crossing = CrossingSampler(row.programs(), row.placement(), brokers) if ss_available() else None
+    assert ss_available(), "ss (iproute2) is not installed: scripts/bootstrap installs it"
+    crossing = CrossingSampler(row.programs(), row.placement(), brokers)
     try:
         watcher = LiveWatcher(
             destination_cluster.bootstrap_servers,
@@ -74,14 +75,12 @@ def test_the_ferryman_row_reports_its_dedupers_commits(
         counters = wait_until(committed, _BUDGET_S, message="the deduper reports a committed transaction")
         assert counters is not None
         assert 0 < counters["commit_flush_s"] < counters["commit_s"]
-        if crossing is not None:
-            # What crosses is the wrapper's: its staging writes carry every record (uncompressed by RowOptions()).
-            flows = crossing.read().flows
-            staging = flows[Link("ferryman-wrapper", "destination brokers", crosses=True)]
-            assert staging.sent_bytes > _RECORDS * record_bytes(100)
-            assert Link("ferryman-wrapper", "ferryman-deduper", crosses=True) in flows
-            assert not any(link.crosses for link in flows if link.program == "ferryman-deduper")
+        # What crosses is the wrapper's: its staging writes carry every record (uncompressed by RowOptions()).
+        flows = crossing.read().flows
+        staging = flows[Link("ferryman-wrapper", "destination brokers", crosses=True)]
+        assert staging.sent_bytes > _RECORDS * record_bytes(100)
+        assert Link("ferryman-wrapper", "ferryman-deduper", crosses=True) in flows
+        assert not any(link.crosses for link in flows if link.program == "ferryman-deduper")
     finally:
-        if crossing is not None:
-            crossing.stop()
+        crossing.stop()
         row.stop(10.0)

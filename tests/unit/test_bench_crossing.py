@@ -245,10 +245,10 @@ sys.stdin.read()
         proc.wait(30)
 
 
-@pytest.mark.skipif(not ss_available(), reason="ss (iproute2) is not installed")
 def test_the_sampler_reads_what_a_rows_process_exchanged_with_the_other_clusters_broker(
     broker: tuple[subprocess.Popen[str], int],
 ) -> None:
+    assert ss_available(), "ss (iproute2) is not installed: scripts/bootstrap installs it"
     _server, port = broker
     client = subprocess.Popen(
         [sys.executable, "-c", _CLIENT, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
