@@ -354,13 +354,14 @@ class Transaction:
             )
             cls, own_fence = ErrorClass.FATAL, True
         if cls is ErrorClass.FENCED:
-            age_ms = (time.monotonic() - self.started) * 1000
-            if (not self.open or age_ms < self._dc.transaction_timeout_ms) and not self.stalled():
+            # A replacement's fence was taken above; what is left is ours only if the transaction outlived
+            # its timeout or the process was frozen past it (`fence_may_be_ours`, the one rule for both paths).
+            if not self.fence_may_be_ours(exc):
                 raise FencedError(
                     f"{what}: transactional.id {self.transactional_id} was taken over by another deduper "
                     f"instance ({exc}); two live processes must not share an instance id"
                 ) from exc
-            cls = ErrorClass.FATAL  # our own transaction outlived transaction.timeout.ms
+            cls = ErrorClass.FATAL  # ours: expired by the coordinator
         _log.warning("%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
         self.stats.aborted += 1
         self.consecutive_failures += 1

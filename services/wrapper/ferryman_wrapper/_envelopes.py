@@ -160,7 +160,8 @@ def build_envelopes(
                 hi = cuts.popleft()[1]
             else:
                 hi = min(n, lo + max_records)
-                if hi - lo > 1 and _first_record_size(msgs[lo]) * (hi - lo) > max_bytes:
+                first = msgs[lo]  # its estimate without headers (they only add) tells a piece that cannot fit
+                if hi - lo > 1 and envelope.record_size(_key(first), _value(first), None) * (hi - lo) > max_bytes:
                     cuts = _cuts_by_size(msgs, lo, max_records, max_bytes)  # large records: skip the doomed piece
                     continue
             encoded = codec.encode_messages(msgs, lo, hi)
@@ -195,12 +196,6 @@ def build_envelopes(
         max_records=max_records,
         max_bytes=max_bytes,
     )
-
-
-def _first_record_size(message: Message) -> int:
-    """The estimated size (``envelope.record_size``) of one record, headers left out (they only add)."""
-    key, value = _key(message), _value(message)
-    return envelope.RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
 
 
 def _cuts_by_size(messages: list[Message], lo: int, max_records: int, max_bytes: int) -> deque[tuple[int, int]]:
