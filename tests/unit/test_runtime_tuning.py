@@ -99,3 +99,12 @@ def test_the_entry_point_module_loads_nothing_before_main_switches_the_gc_off(se
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_audit_span_readers_never_idle_on_a_full_prefetch_queue() -> None:
+    from ferryman_auditor.kafka_source._reader import consumer_config  # noqa: PLC0415 -- the auditor's package
+
+    conf = consumer_config({"bootstrap.servers": "k:9092"})
+    assert conf["fetch.queue.backoff.ms"] == 5  # the 1 s default kept a 5 M audit at ~1 of 2 cores
+    assert (conf["auto.offset.reset"], conf["enable.partition.eof"]) == ("error", True)
+    assert consumer_config({"fetch.queue.backoff.ms": "50"})["fetch.queue.backoff.ms"] == "50"  # the read's own wins
