@@ -165,7 +165,7 @@ def run_service(
             _log.error("configuration error: %s", denied)
             return EXIT_CONFIG
         if classify(exc) is ErrorClass.FENCED:
-            _log.error("fenced: %s", exc)
+            _log.error("fenced: %s", exc, exc_info=True)
             return EXIT_FENCED
         _log.error("%s failed on an unrecoverable Kafka error: %s", name, exc)
         return EXIT_FAILURE

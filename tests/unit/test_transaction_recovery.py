@@ -58,6 +58,7 @@ class FakeProducer:
         return 0
 
     def poll(self, _timeout: float) -> int:
+        self._do("poll")
         return 0
 
     def purge(self) -> None:
@@ -193,6 +194,28 @@ def test_a_fence_after_the_process_was_frozen_past_the_timeout_is_our_own_even_b
     assert t.fence_may_be_ours(fenced())
     t.recover(fenced(), "writing the transaction")
     assert len(producers.made) == 2
+
+
+def test_a_fence_that_poll_raises_while_recovering_from_a_freeze_is_our_own() -> None:
+    # Real brokers (tests/e2e/test_crash_recovery.py, the frozen deduper): woken past the timeout, the
+    # deduper's recovery served producer events and poll() raised the fence itself, instead of handing
+    # it to error_cb; it escaped the recovery and the deduper exited as if a twin had taken over.
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=1000)
+    producers.made[0].fail["poll"] = fenced().args[0]
+    t._alive_at -= 2.0  # frozen past the timeout
+    t.recover(abortable(), "lost partitions")
+    assert len(producers.made) == 2  # rebuilt, not exited
+    assert t.producer_fatal is None  # the new producer starts clean
+
+
+def test_a_fence_that_poll_raises_without_a_freeze_is_a_twin() -> None:
+    producers = Producers()
+    t = txn(producers, transaction_timeout_ms=60_000)
+    producers.made[0].fail["poll"] = fenced().args[0]
+    with pytest.raises(FencedError):
+        t.recover(abortable(), "lost partitions")
+    assert len(producers.made) == 1
 
 
 def test_a_fence_long_after_a_freeze_is_a_twin() -> None:

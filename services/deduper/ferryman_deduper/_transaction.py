@@ -389,7 +389,17 @@ class Transaction:
             return ErrorClass.FATAL
         # Serve pending error events: a fatal error reaches error_cb only
         # through poll(), and until then calls fail with a generic _FATAL.
-        self.call(lambda: self.producer.poll(0), "serving producer events")
+        try:
+            self.call(lambda: self.producer.poll(0), "serving producer events")
+        except KafkaException as served:
+            # poll() itself can raise the producer's fatal error instead of handing it to error_cb (a
+            # deduper frozen past transaction.timeout.ms, on real brokers): it is the cause being classified,
+            # never a failure of the recovery (it escaped as a twin's fence and the deduper exited).
+            served_err = kafka_error_of(served)
+            if served_err is not None and served_err.fatal() and self.producer_fatal is None:
+                self.producer_fatal = served_err
+            elif served_err is None or not served_err.fatal():
+                exc = served
         if self.producer_fatal is not None:
             exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
         cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
