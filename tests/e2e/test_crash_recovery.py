@@ -223,20 +223,35 @@ def test_deduper_fenced_while_a_revoke_commits_its_transaction_neither_hangs_nor
         b.stop()
 
 
-def test_deduper_frozen_past_its_transaction_timeout_wakes_and_carries_on(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+@pytest.mark.parametrize(
+    ("frozen", "lost_log"),
+    [
+        pytest.param("deduper", "lost staging partitions", id="deduper"),
+        # Passed from its first run (the chaos schedules pause wrappers too): nightly, for CI time.
+        pytest.param("wrapper", "source partitions (session expired)", id="wrapper", marks=pytest.mark.nightly),
+    ],
+)
+def test_a_service_frozen_past_its_timeouts_wakes_and_carries_on(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    frozen: str,
+    lost_log: str,
 ) -> None:
-    """A zombie pause: SIGSTOP the deduper mid-transaction for longer than transaction.timeout.ms and its session.
+    """A zombie pause: SIGSTOP a service mid-stream for longer than its session and transaction timeouts.
 
-    While it is frozen the coordinator expires its open transaction and bumps
-    its epoch (transaction.version 2), and the group drops its member. Waking,
-    it meets a fence that is its own, not a twin's: it must recover in place
-    (exit code 3 is for a live twin) and the copy must stay exact. The CI chaos
-    schedule's 14 s pause against a 10 s timeout made two dedupers exit here;
-    this test then found a third way out (poll() raising the fence during the
-    recovery). What the deduper meets on waking varies from run to run: a fence
-    at the commit, an abort that librdkafka's own epoch bump lets through, a
-    commit the watchdog abandons, or no open transaction at all.
+    While the deduper is frozen the coordinator expires its open transaction and
+    bumps its epoch (transaction.version 2), and the group drops its member.
+    Waking, it meets a fence that is its own, not a twin's: it must recover in
+    place (exit code 3 is for a live twin) and the copy must stay exact. The CI
+    chaos schedule's 14 s pause against a 10 s timeout made two dedupers exit
+    here; this test then found a third way out (poll() raising the fence during
+    the recovery). What the deduper meets on waking varies from run to run: a
+    fence at the commit, an abort that librdkafka's own epoch bump lets through,
+    a commit the watchdog abandons, or no open transaction at all. A frozen
+    wrapper loses its source partitions and its staging writes may time out:
+    it takes them back and re-sends, and the deduper drops what is doubled.
     """
     topic = unique_name("frozen")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
@@ -250,25 +265,27 @@ def test_deduper_frozen_past_its_transaction_timeout_wakes_and_carries_on(
         tmp_path,
         flow=unique_name("flow"),
         topics=[topic],
+        wrapper={"session_timeout_ms": 6000},
         deduper={"transaction_timeout_ms": timeout_ms, "session_timeout_ms": 6000},
     ) as f:
-        deduper = f.deduper
-        deduper.wait_for_log("assigned staging partitions", 60)
+        f.deduper.wait_for_log("assigned staging partitions", 60)
         producer.start()
         wait_until(lambda: producer.sent >= 3000, 30, 0.05, message="3000 records sent")
-        assert deduper.proc is not None
-        # Past the timeout plus the coordinator's expiry scan (every 10 s by default): expired before it wakes.
-        os.killpg(deduper.proc.pid, signal.SIGSTOP)
+        service = f.deduper if frozen == "deduper" else f.wrapper
+        assert service.proc is not None
+        # Past the timeouts plus the coordinator's expiry scan (every 10 s by default): expired before it wakes.
+        os.killpg(service.proc.pid, signal.SIGSTOP)
         time.sleep(timeout_ms / 1000 + 12)
-        os.killpg(deduper.proc.pid, signal.SIGCONT)
+        os.killpg(service.proc.pid, signal.SIGCONT)
         producer.join(120)
         assert producer.error is None, producer.error
         src = read_all(source_cluster.bootstrap_servers, topic)
         expected = sum(len(v) for v in src.values())
         dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=180)
         assert_exact_copy(src, dst)
-        output = deduper.output()
-        assert deduper.alive and deduper.starts == 1, output[-4000:]
-        # The pause outlasted the session (and so the transaction timeout): the group took the partitions away.
-        assert "lost staging partitions" in output, output[-4000:]
-        assert deduper.terminate() == 0
+        for proc in (f.wrapper, f.deduper):
+            assert proc.alive and proc.starts == 1, proc.output()[-4000:]
+        # The pause outlasted the session (and the transaction timeout): the group took the partitions away.
+        assert lost_log in service.output(), service.output()[-4000:]
+        assert f.wrapper.terminate() == 0
+        assert f.deduper.terminate() == 0
