@@ -396,10 +396,10 @@ class Transaction:
             # deduper frozen past transaction.timeout.ms, on real brokers): it is the cause being classified,
             # never a failure of the recovery (it escaped as a twin's fence and the deduper exited).
             served_err = kafka_error_of(served)
-            if served_err is not None and served_err.fatal() and self.producer_fatal is None:
+            if served_err is None or not served_err.fatal():
+                raise
+            if self.producer_fatal is None:
                 self.producer_fatal = served_err
-            elif served_err is None or not served_err.fatal():
-                exc = served
         if self.producer_fatal is not None:
             exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
         cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
