@@ -37,7 +37,8 @@ def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
     """Delete ``topics`` and wait for the controller to accept it (the broker removes their files later)."""
     if not topics:
         return
-    for future in _admin(bootstrap).delete_topics(list(topics), operation_timeout=_ADMIN_TIMEOUT_S).values():
+    admin = _admin(bootstrap)  # held until the futures resolve: a dropped client cancels its requests (_DESTROY)
+    for future in admin.delete_topics(list(topics), operation_timeout=_ADMIN_TIMEOUT_S).values():
         future.result(_ADMIN_TIMEOUT_S)
 
 
