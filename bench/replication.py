@@ -31,8 +31,7 @@ for each row:
    every source (partition, seq) of every topic must be present, in the copy of
    its own topic; exactly-once rows must have no duplicate and keep per-partition
    order. A row that fails is marked FAILED and gets no ratio: a fast wrong
-   answer cannot win. Then the topics the row made on either cluster are
-   deleted (unless ``--keep-data``), so later rows do not pay for its partitions.
+   answer cannot win.
 
 In both phases the bench also reads the TCP byte counters of the row's sockets
 (``bench.crossing``): the bytes that cross between the clusters' regions with the
@@ -109,7 +108,7 @@ from bench.report import (
 )
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
-from bench.topics import create_topics, delete_topics, describe, list_topics
+from bench.topics import create_topics, describe
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
 
@@ -325,8 +324,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
     ap.add_argument(
         "--keep-data",
         action="store_true",
-        help="keep each row's topics and the data of the clusters this run starts (default: a row's topics are "
-        "deleted after its verdict, the clusters' data at the end; logs kept)",
+        help="keep the data of the clusters this run starts (default: deleted at the end, logs kept)",
     )
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
@@ -672,7 +670,6 @@ def _run_row(
         return result
     result.settings = dict(row.settings())
     result.placement = row.placement()
-    existing = {c: list_topics(c) for c in (stage.source, stage.destination)}
     try:
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
@@ -683,29 +680,9 @@ def _run_row(
             result.verdict = _verdict(stage, row)
     except Exception as exc:  # a broken row is reported, the next row still runs
         result.fail(f"{type(exc).__name__}: {exc}")
-    if not cfg.keep_data:
-        _delete_new_topics(existing)
     _judge(result)
     _log(f"{cls.name}: {result.status}" + (f" ({'; '.join(result.reasons)})" if result.reasons else ""))
     return result
-
-
-def _delete_new_topics(existing: Mapping[str, set[str]]) -> None:
-    """Delete the topics a row made on each cluster (its copies, its flow's or MM2's own, its latency topic).
-
-    A broker's background work grows with its partitions (retention checks every
-    second here), so at 1,000 partitions a row that kept its topics slowed every
-    later row and round (the copy loop's second round ran at a quarter of its
-    first). The deletion is best effort: a failure is logged, not a verdict.
-    """
-    for bootstrap, before in existing.items():
-        try:
-            made = sorted(list_topics(bootstrap) - before)
-            delete_topics(bootstrap, made)
-            if made:
-                _log(f"deleted the {len(made)} topics the row made on {bootstrap}")
-        except KafkaException as exc:
-            _log(f"deleting the row's topics on {bootstrap}: {exc}")
 
 
 def _repeat(cfg: BenchConfig, stage: Stage, round_no: int, results: list[RowResult]) -> None:
