@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from ferryman.config import ClusterConfig, DeduperConfig
-from ferryman.errors import FencedError, WedgedCallError
+from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
 from ferryman.health import ClusterHealth
 from ferryman_deduper import _transaction
 from ferryman_deduper._transaction import Transaction
@@ -55,6 +55,7 @@ class FakeProducer:
         self._do("send_offsets_to_transaction")
 
     def flush(self, _timeout: float) -> int:
+        self._do("flush")
         return 0
 
     def poll(self, _timeout: float) -> int:
@@ -216,6 +217,28 @@ def test_a_fence_that_poll_raises_without_a_freeze_is_a_twin() -> None:
     with pytest.raises(FencedError):
         t.recover(abortable(), "lost partitions")
     assert len(producers.made) == 1
+
+
+def test_a_client_that_breaks_with_a_system_error_is_recovered_by_its_fatal_error() -> None:
+    # A clean-clone CI run: a twin's fence failed the records in flight and confluent-kafka's flush()
+    # raised SystemError ("returned a result with an exception set"); it escaped as a crash, not exit 3.
+    producers = Producers()
+    t = txn(producers)
+    producer = producers.made[0]
+    producer.hang.clear()
+    original = producer._do
+
+    def broken(what: str) -> None:
+        if what == "flush":
+            raise SystemError("<class 'str'> returned a result with an exception set")
+        original(what)
+
+    producer._do = broken  # type: ignore[method-assign]
+    with pytest.raises(KafkaOperationError) as caught:
+        t.call(lambda: producer.flush(1.0), "flushing destination records")
+    producer.fail["abort_transaction"] = fenced().args[0]  # the probe finds the fence behind it
+    with pytest.raises(FencedError):
+        t.recover(caught.value, "commit")
 
 
 def test_a_fence_long_after_a_freeze_is_a_twin() -> None:

@@ -150,6 +150,12 @@ class Transaction:
             self.stats.wedged_calls += 1
             self._rebuild_due = True
             raise
+        except SystemError as exc:
+            # confluent-kafka's flush() once raised "<class 'str'> returned a result with an exception set"
+            # while a twin's fence failed the records in flight (a clean-clone CI run): the exception
+            # escaped every handler and the process died with a traceback instead of exit code 3. The
+            # client is unusable either way: recovery classifies it by its fatal error (a fence stops us).
+            raise KafkaOperationError(what, exc) from exc
 
     def _retrying(self, fn: Callable[[float], T], what: str, budget_s: float) -> T:
         """fn(timeout) under the watchdog, retriable errors retried within budget_s."""
