@@ -29,6 +29,7 @@ class FakeProducer:
     name: int
     calls: list[str] = field(default_factory=list)
     fail: dict[str, KafkaError] = field(default_factory=dict)
+    broken: dict[str, BaseException] = field(default_factory=dict)
     hang: set[str] = field(default_factory=set)
     gate: threading.Event = field(default_factory=threading.Event)
 
@@ -38,6 +39,8 @@ class FakeProducer:
             self.gate.wait(30)
         if what in self.fail:
             raise KafkaException(self.fail[what])
+        if what in self.broken:
+            raise self.broken[what]
 
     def init_transactions(self, _timeout: float) -> None:
         self._do("init_transactions")
@@ -225,15 +228,7 @@ def test_a_client_that_breaks_with_a_system_error_is_recovered_by_its_fatal_erro
     producers = Producers()
     t = txn(producers)
     producer = producers.made[0]
-    producer.hang.clear()
-    original = producer._do
-
-    def broken(what: str) -> None:
-        if what == "flush":
-            raise SystemError("<class 'str'> returned a result with an exception set")
-        original(what)
-
-    producer._do = broken  # type: ignore[method-assign]
+    producer.broken["flush"] = SystemError("<class 'str'> returned a result with an exception set")
     with pytest.raises(KafkaOperationError) as caught:
         t.call(lambda: producer.flush(1.0), "flushing destination records")
     producer.fail["abort_transaction"] = fenced().args[0]  # the probe finds the fence behind it
