@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -19,15 +19,18 @@ _log = logging.getLogger(__name__)
 PRODUCER_CONNECT_BUDGET_S = 5.0
 
 
-def base_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
+def base_config(
+    cluster: ClusterConfig, client_id: str, *, on_session_timeout: Callable[[], None] | None = None
+) -> dict[str, Any]:
     """Common properties for any client on cluster (security etc. from client_config).
 
-    librdkafka's log goes through Python logging (``ferryman.kafka_log``), not stderr.
+    librdkafka's log goes through Python logging (``ferryman.kafka_log``), not stderr;
+    ``on_session_timeout`` is called when a consumer's log says its group session timed out.
     """
     conf: dict[str, Any] = {
         "bootstrap.servers": cluster.bootstrap_servers,
         "client.id": client_id,
-        "logger": LibrdkafkaLog(cluster.bootstrap_servers),
+        "logger": LibrdkafkaLog(cluster.bootstrap_servers, on_session_timeout),
     }
     conf.update(cluster.client_config)
     return conf
@@ -74,9 +77,11 @@ def data_producer_config(cluster: ClusterConfig, client_id: str) -> dict[str, An
     return {"queue.buffering.max.kbytes": PRODUCER_QUEUE_MAX_KBYTES, **base_config(cluster, client_id)}
 
 
-def streaming_consumer_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
+def streaming_consumer_config(
+    cluster: ClusterConfig, client_id: str, *, on_session_timeout: Callable[[], None] | None = None
+) -> dict[str, Any]:
     """Properties of a consumer that streams records (STREAMING_CONSUMER_DEFAULTS, then the cluster's)."""
-    return {**STREAMING_CONSUMER_DEFAULTS, **base_config(cluster, client_id)}
+    return {**STREAMING_CONSUMER_DEFAULTS, **base_config(cluster, client_id, on_session_timeout=on_session_timeout)}
 
 
 def admin_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:

@@ -179,20 +179,57 @@ def is_membership_fence(err: KafkaError) -> bool:
 class FenceWindow:
     """Tells our own earlier session from a live twin when a static consumer is fenced.
 
-    Right after a broker restart the group coordinator can fence a static member
-    with its own earlier session (its retried JoinGroup): the consumer is replaced
-    and goes on. A second fence within ``WINDOW_S`` means another live process
-    uses the instance id: the caller stops (exit 3).
+    Two ways our own consumer gets fenced with our own instance id, both seen on real brokers:
+
+    * its session timed out (the coordinator was away or frozen: ``SESSTMOUT`` in librdkafka's log), and
+      its rejoin replaced the member it had been: the fence comes when the coordinator answers again;
+    * right after a broker restart, the coordinator fences it with its own retried JoinGroup.
+
+    A fence after the consumer's own session timeout, before it is assigned partitions again, is ours and
+    not counted. Of the others, the first in ``WINDOW_S`` replaces the consumer; a second means another
+    live process uses the instance id, and the caller stops (exit 3). A twin's fence never follows a
+    session timeout of ours: it fences a member in good standing.
     """
+
+    #: How a service's log says that a fence was its own consumer's rejoin after a session timeout.
+    OWN_REJOIN = "our own rejoin after our session timed out"
 
     WINDOW_S = 120.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._fences: list[float] = []
+        self._consumer = 0
+        self._session_lost = False
+
+    def consumer_built(self) -> Callable[[], None]:
+        """Follow a new consumer; returns the hook its log calls on a session timeout.
+
+        A replaced consumer is parked, not closed, so its log can still speak: its hook does nothing.
+        """
+        self._consumer += 1
+        self._session_lost = False
+        consumer = self._consumer
+
+        def session_lost() -> None:
+            if consumer == self._consumer:
+                self._session_lost = True
+
+        return session_lost
+
+    @property
+    def session_lost(self) -> bool:
+        """The consumer's own session timed out and it has not been assigned partitions since."""
+        return self._session_lost
+
+    def assigned(self) -> None:
+        """The consumer is in the group again (an assignment): its next fence is counted."""
+        self._session_lost = False
 
     def twin(self) -> bool:
-        """Record a fence now; True if another one fell within the window."""
+        """Record a fence now; True if another one fell within the window (ours are not recorded)."""
+        if self.session_lost:
+            return False
         now = self._clock()
         self._fences = [t for t in self._fences if now - t < self.WINDOW_S] + [now]
         return len(self._fences) > 1

@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 _log = logging.getLogger("ferryman.librdkafka")
@@ -22,21 +23,30 @@ _log = logging.getLogger("ferryman.librdkafka")
 REPEAT_INTERVAL_S = 30.0
 #: Facilities of connection-state lines (a broker down, a connection closed).
 _CONNECTION_FACILITIES = frozenset({"FAIL", "BROKERFAIL", "REBOOTSTRAP"})
+#: The facility of a consumer's line saying its group session timed out (it then rejoins).
+SESSION_TIMEOUT_FACILITY = "SESSTMOUT"
 #: Numbers in a line (ms, counts, ports) vary between repeats of the same event.
 _NUMBERS = re.compile(r"\d+")
 
 
 class LibrdkafkaLog:
-    """The object given as a client's ``logger``: confluent-kafka calls ``log(level, fmt, *args)``."""
+    """The object given as a client's ``logger``: confluent-kafka calls ``log(level, fmt, *args)``.
 
-    def __init__(self, cluster: str) -> None:
+    ``on_session_timeout`` is called on each of a consumer's session-timeout lines, before any filtering
+    (``FenceWindow`` tells its own rejoin's fence by it).
+    """
+
+    def __init__(self, cluster: str, on_session_timeout: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
+        self._on_session_timeout = on_session_timeout
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int]] = {}
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         """One librdkafka line (args: facility, client name, message)."""
         facility = str(args[0]) if args else ""
+        if facility == SESSION_TIMEOUT_FACILITY and self._on_session_timeout is not None:
+            self._on_session_timeout()
         text = fmt % args if args else fmt
         if facility in _CONNECTION_FACILITIES or "Connect to" in text or "brokers are down" in text:
             level = logging.DEBUG

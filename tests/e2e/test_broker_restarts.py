@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from ferryman.kafka_errors import FenceWindow
 from ferryman.status import deduper_status
 from ferryman_local import LocalCluster, start_clusters
 
@@ -333,3 +334,66 @@ def test_broker_bounces_mixed_with_service_kills(
             assert proc.starts == kills_each + 1
         assert flow.wrapper.terminate() == 0
         assert flow.deduper.terminate() == 0
+
+
+#: The consumer session in the frozen-broker test, and how long each freeze lasts (past the session).
+FROZEN_SESSION_MS = 6000
+FREEZE_S = 9.0
+FREEZES = 2
+
+
+def own_fences(proc: ServiceProcess) -> int:
+    """Fences of the service's consumer by its own rejoin after a session timeout, so far."""
+    return proc.output().count(FenceWindow.OWN_REJOIN)
+
+
+@pytest.mark.parametrize(
+    "victim",
+    [
+        pytest.param("destination", id="deduper"),
+        pytest.param("source", id="wrapper", marks=pytest.mark.nightly),
+    ],
+)
+def test_a_broker_frozen_past_the_session_twice_within_the_fence_window_is_ridden_through(
+    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path, victim: str
+) -> None:
+    """A broker frozen (SIGSTOP: a long GC pause, a stalled VM) past the consumer session, twice in a minute.
+
+    The service's consumer times out its own session each time. Its rejoin then often fences the member
+    it was (FENCED_INSTANCE_ID) as soon as the broker answers again: 1 in 3 freezes of a lone consumer
+    here, 5 of 6 session timeouts in chaos runs. Two such fences within FenceWindow.WINDOW_S once stopped
+    a deduper as if a live twin used its instance id (exit 3; a chaos CI run).
+    """
+    topic = unique_name("frozen")
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=3000, rate_per_s=400)
+    session = {"session_timeout_ms": FROZEN_SESSION_MS}
+    with running_flow(
+        pair.source,
+        pair.destination,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        wrapper=session,
+        deduper=session,
+    ) as flow:
+        flow.deduper.wait_for_log("ready (now own", 60)
+        producer.start()
+        cluster = pair.source if victim == "source" else pair.destination
+        proc = flow.wrapper if victim == "source" else flow.deduper
+        started = time.monotonic()
+        for _ in range(FREEZES):
+            pid = cluster.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(FREEZE_S)  # the freeze itself: nothing to wait for
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", time.monotonic(), producer)
+            assert recovery_s <= RECOVERY_GOAL_S
+            assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
+        assert time.monotonic() - started < FenceWindow.WINDOW_S  # every fence fell within one window
+        assert "session timed out" in proc.output()  # the freezes did outlast the session
+        _log.info("%s: %d fences by its own rejoin over %d freezes", proc.kind, own_fences(proc), FREEZES)
+        check_copy(pair, flow, topic, producer)

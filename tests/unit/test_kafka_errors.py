@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -219,6 +220,54 @@ def test_one_fence_is_our_own_session_a_second_within_the_window_a_twin() -> Non
     assert not window.twin()
     now[0] += 1
     assert window.twin()
+
+
+def test_a_fence_after_our_own_session_timeout_is_ours_until_we_are_assigned_again() -> None:
+    """Seen in a chaos run: two session timeouts within a minute, each followed by our own rejoin's fence."""
+    from ferryman.kafka_errors import FenceWindow  # noqa: PLC0415
+
+    window = FenceWindow(clock=lambda: 0.0)
+    session_lost = window.consumer_built()
+    session_lost()
+    assert not window.twin()  # ours: not counted
+    session_lost = window.consumer_built()  # the fenced consumer is replaced
+    session_lost()
+    assert not window.twin()  # ours again, within the window: still not a twin
+    window.consumer_built()
+    window.assigned()
+    assert not window.twin()  # a fence in good standing: the first is forgiven...
+    window.consumer_built()
+    window.assigned()
+    assert window.twin()  # ...a second within the window is a twin
+
+
+def test_a_session_timeout_counts_only_until_the_consumer_is_assigned_or_replaced() -> None:
+    from ferryman.kafka_errors import FenceWindow  # noqa: PLC0415
+
+    window = FenceWindow(clock=lambda: 0.0)
+    first = window.consumer_built()
+    assert not window.twin()  # the first fence in the window
+    second = window.consumer_built()
+    window.consumer_built()
+    first()  # replaced consumers are parked, not closed: their logs still speak
+    second()
+    assert window.twin()  # the current consumer's session never timed out
+    window = FenceWindow(clock=lambda: 0.0)
+    window.consumer_built()()
+    window.assigned()  # rejoined after its session timeout
+    assert not window.twin()
+    assert window.twin()
+
+
+def test_the_librdkafka_log_reports_every_session_timeout_even_the_held_back_repeats() -> None:
+    from ferryman.kafka_log import LibrdkafkaLog  # noqa: PLC0415
+
+    seen: list[int] = []
+    log = LibrdkafkaLog("kafka-b:9092", on_session_timeout=lambda: seen.append(1))
+    for _ in range(3):
+        log.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "c", "Consumer group session timed out after 6004 ms")
+    log.log(logging.WARNING, "%s [%s] %s", "REQTMOUT", "c", "Timed out HeartbeatRequest in flight")
+    assert len(seen) == 3
 
 
 # ---------------------------------------------------------------- authorization

@@ -209,7 +209,9 @@ class Deduper:
         return rowproduce.describe(self._txn.direct)
 
     def _make_consumer(self) -> Consumer:
-        conf = streaming_consumer_config(self._target, self._client_id("staging"))
+        conf = streaming_consumer_config(
+            self._target, self._client_id("staging"), on_session_timeout=self._parts.fences.consumer_built()
+        )
         conf.update(
             {
                 "group.id": self._names.deduper_group,

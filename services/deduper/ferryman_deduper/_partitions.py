@@ -12,12 +12,13 @@ for, and the committed state restored for them:
   rebalancing), or, if the partitions were lost, recovered from the loop;
 * **rewind**: after a failed transaction, owned partitions go back to their
   committed offsets and state;
-* **a fenced consumer** (``FENCED_INSTANCE_ID``): after a broker restart the
-  group coordinator can fence our static member with our own earlier session
-  (its retried JoinGroup). The first fence in ``FenceWindow.WINDOW_S`` rebuilds the
-  consumer; a live twin with our instance id would also have fenced our
-  transactional producer (same ``transactional.id``), which stops us at our next
-  commit; a second consumer fence within the window stops us as fenced.
+* **a fenced consumer** (``FENCED_INSTANCE_ID``): our static member is fenced
+  by our own rejoin after its session timed out, or after a broker restart by
+  its own retried JoinGroup. A fence right after our own session timeout is
+  ours; of the others, the first in ``FenceWindow.WINDOW_S`` rebuilds the
+  consumer and a second stops us as fenced. A live twin with our instance id
+  would also have fenced our transactional producer (same ``transactional.id``),
+  which stops us at our next commit.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class StagingPartitions:
         self.dest_topics: dict[PartitionKey, str] = {}
         self.last_dest_offset: dict[PartitionKey, int] = {}
         self._consumer_fatal: KafkaError | None = None
-        self._fences = FenceWindow()
+        self.fences = FenceWindow()
+        """Tells our own consumer's fences from a twin's (``make_consumer`` gives it each new consumer's log)."""
         self.callback_failure: BaseException | None = None
         self.consumer_rebuilds = 0
         self._first_assignment = False
@@ -144,18 +146,21 @@ class StagingPartitions:
             _log.warning("staging consumer failed for good (%s); replacing it", err.str())
             self.rebuild_consumer()
             return True
-        if self._fences.twin():
+        own = self.fences.session_lost
+        if self.fences.twin():
             raise FencedError(
                 f"the staging consumer was fenced twice within {FenceWindow.WINDOW_S:.0f} s by a member with "
                 f"instance id {self._instance_id!r} ({err.str()}): another live deduper uses it; two live "
                 "processes must not share an instance id"
             )
         _log.warning(
-            "staging consumer fenced by a member with our instance id %r (%s): after a broker restart that is our "
-            "own earlier session; rejoining with a new consumer (a live twin would fence our producer too, and "
-            "stop us at our next commit)",
+            "staging consumer fenced by a member with our instance id %r (%s): %s; rejoining with a new consumer",
             self._instance_id,
             err.str(),
+            FenceWindow.OWN_REJOIN
+            if own
+            else "after a broker restart that is our own earlier session (a live twin would fence our producer "
+            "too, and stop us at our next commit)",
         )
         self.rebuild_consumer()
         return True
@@ -302,6 +307,7 @@ class StagingPartitions:
             self.callback_failure = exc
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.fences.assigned()  # in the group again: a fence from now on is counted
         if self._first_assignment:
             self._first_assignment = False
             self.rejoin_due = True  # see rejoin_due

@@ -198,7 +198,9 @@ class Wrapper:
         return connected_producer(conf, self._names.staging_topic)
 
     def _make_consumer(self) -> Consumer:
-        conf = streaming_consumer_config(self._source, f"{self.wrapper_id}-source")
+        conf = streaming_consumer_config(
+            self._source, f"{self.wrapper_id}-source", on_session_timeout=self._fences.consumer_built()
+        )
         conf.update(
             {
                 "group.id": self._names.wrapper_group,
@@ -349,12 +351,16 @@ class Wrapper:
         self._subscribed = names
         if names:
             self._consumer.subscribe(
-                names, on_assign=self._parts.on_assign, on_revoke=self._parts.on_revoke, on_lost=self._parts.on_lost
+                names, on_assign=self._on_assign, on_revoke=self._parts.on_revoke, on_lost=self._parts.on_lost
             )
             _log.info("subscribed to %d source topics: %s", len(names), ", ".join(names[:20]))
         else:
             self._consumer.unsubscribe()
             _log.warning("no source topic matches flow %s yet", self._flow.name)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._fences.assigned()  # in the group again: a fence from now on is counted
+        self._parts.on_assign(consumer, partitions)
 
     def _health_changed(self) -> None:
         self._health_dirty = True  # applied on the loop thread (_apply_health)
@@ -489,13 +495,15 @@ class Wrapper:
         err = self._consumer_fatal
         if err is not None:
             self._consumer_fatal = None
+            own = self._fences.session_lost
             if is_membership_fence(err) and self._fences.twin():
                 raise FencedError(
                     f"the source consumer was fenced twice within {FenceWindow.WINDOW_S:.0f} s by a member with "
                     f"instance id {self._static_id!r} ({err.str()}): two live wrappers must not share it"
                 )
             self._rebuild_consumer(
-                f"the source consumer failed ({err.str()}); after a broker restart a fence is our own earlier session"
+                f"the source consumer failed ({err.str()}); "
+                + (FenceWindow.OWN_REJOIN if own else "after a broker restart a fence is our own earlier session")
             )
         elif self._commits.wedged:
             self._commits.wedged = False
