@@ -148,6 +148,19 @@ def test_queue_exports_in_batches_drops_when_full_and_flushes_on_shutdown(monkey
     assert spans.shutdown(1)  # idempotent
 
 
+def test_spans_ended_together_share_their_end_and_what_does_not_fit_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only a flush exports
+    out = _Collect()
+    spans = RecordSpans(out, max_queue=5)
+    ended = [_span(i) for i in range(3)]
+    spans.end_many(ended, 77)
+    assert all(s.end_ns == 77 for s in ended) and spans.dropped == 0
+    spans.end_many([_span(i) for i in range(3, 7)], 78)  # room for two of four
+    assert spans.dropped == 2
+    assert spans.shutdown(5)
+    assert [s for batch in out.batches for s in batch] == [f"{i + 1:016x}" for i in range(5)]
+
+
 def test_file_exporter_writes_record_spans_as_sdk_span_json(tmp_path: Path) -> None:
     path = tmp_path / "spans.jsonl"
     config = TracingConfig(enabled=True, exporter="file", file_path=path, service_name="svc", sampler="always_on")

@@ -174,6 +174,19 @@ class RecordSpans:
         if len(queue) >= self._settings.max_batch:
             self._wake.set()
 
+    def end_many(self, spans: Sequence[RecordSpan], end_ns: int) -> None:
+        """End spans at end_ns and queue them for export (as `end` each, in one call)."""
+        for span in spans:
+            span.end_ns = end_ns
+        queue = self._queue
+        room = self._settings.max_queue - len(queue)
+        if room < len(spans):
+            self.dropped += len(spans) - max(room, 0)
+            spans = spans[: max(room, 0)]
+        queue.extend(spans)  # deque.extend of a list holds the GIL throughout: no lock on the data path
+        if len(queue) >= self._settings.max_batch:
+            self._wake.set()
+
     def links(self, spans: Sequence[RecordSpan]) -> Sequence[RecordSpan]:
         """The spans a span links to: the first ``max_links``."""
         return spans[: self.max_links]

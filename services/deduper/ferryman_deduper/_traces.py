@@ -108,17 +108,21 @@ class DeduperTraces:
         src = env.source
         process_shape, publish_shape = self._shapes(staging_partition, src.topic, src.partition, destination)
         staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
-        end, opened = self._spans.end, self._open
+        opened, processed = self._open, []
+        now = time.time_ns()
         for offset, (traceparent, tracestate) in traced:
             i = bisect.bisect_left(offsets, offset)
             if i >= len(offsets) or offsets[i] != offset or parse_traceparent(traceparent) is None:
                 continue  # not one of the envelope's records, or no valid context: nothing to continue
-            now, trace_id, process_id = time.time_ns(), traceparent[3:35], new_span_id()
+            trace_id, process_id = traceparent[3:35], new_span_id()
             attributes = (*staging, (SOURCE_OFFSET, offset))
-            end(RecordSpan(process_shape, trace_id, process_id, traceparent[36:52], now, True, tracestate, attributes))
+            processed.append(
+                RecordSpan(process_shape, trace_id, process_id, traceparent[36:52], now, True, tracestate, attributes)
+            )
             publish = RecordSpan(publish_shape, trace_id, new_span_id(), process_id, now, False, tracestate)
             opened.append(publish)
             column[i] = with_traceparent(column[i], publish.traceparent)
+        self._spans.end_many(processed, time.time_ns())
         return column
 
     def committed(self, records: int, started_ns: int) -> None:
@@ -140,17 +144,16 @@ class DeduperTraces:
             attributes=(("ferryman.transaction.records", records), ("ferryman.traced_records", len(self._open))),
             links=spans.links(self._open),
         )
-        now = time.time_ns()
         for span in self._open:
             span.status = OK
-            spans.end(span, now)
-        spans.end(commit, now)
+        self._open.append(commit)
+        spans.end_many(self._open, time.time_ns())
         self._open = []
 
     def aborted(self, why: str) -> None:
         """The open transaction was aborted or dropped: its traced writes end with an error status."""
-        now, message = time.time_ns(), f"transaction not committed: {why}"
+        message = f"transaction not committed: {why}"
         for span in self._open:
             span.status, span.message = ERROR, message
-            self._spans.end(span, now)
+        self._spans.end_many(self._open, time.time_ns())
         self._open = []
