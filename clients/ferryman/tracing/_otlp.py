@@ -7,7 +7,8 @@ gRPC-call spans of the SDK provider use them as usual) that can also send such
 bytes with ``export_encoded``, keeping their endpoint, headers, credentials,
 compression and retries. That reaches into their private transport
 (``_export`` / ``_client``), which the OpenTelemetry versions pinned in
-pyproject.toml have.
+pyproject.toml have. The per-span work runs in C where built (``_spanwire.pyx``);
+the pure-Python encoder is the fallback and the reference.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ from ferryman._protowire import len_field, varint
 from ferryman.tracing._lean import AttributeValue, RecordSpan, SpanShape
 
 _log = logging.getLogger(__name__)
+
+#: The compiled per-span work (_spanwire.pyx), or None when it was not built (no C compiler at install).
+try:
+    from ferryman.tracing import _spanwire
+except ImportError:
+    _spanwire = None  # type: ignore[assignment]
+spanwire = _spanwire  # the public name (tests swap it for None to run the pure-Python encoder)
+
+#: Which encoder this process runs (the pure-Python one costs ~10x the CPU per span).
+ENCODER = "compiled" if spanwire is not None else "pure Python (_spanwire not built)"
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,15 @@ class OtlpBatches:
         return encoded
 
     def encode(self, spans: Sequence[RecordSpan]) -> bytes:
-        """The request's bytes: one resource, one scope, the spans."""
+        """The request's bytes: one resource, one scope, the spans; compiled where built, else `encode_py`."""
+        if spanwire is not None:
+            encoded = spanwire.otlp_request(self, spans, _key_value, _FLAGS_LOCAL, _FLAGS_REMOTE, _LINK_FLAGS)
+            if encoded is not None:
+                return encoded
+        return self.encode_py(spans)
+
+    def encode_py(self, spans: Sequence[RecordSpan]) -> bytes:
+        """The request's bytes, in Python: the reference."""
         pack, shapes, fromhex = struct.pack, self._shapes, bytes.fromhex
         encoded = []
         for s in spans:

@@ -110,6 +110,13 @@ def _record_batches(config: TracingConfig, exporter: SpanExporter, resource: Res
     return SdkBatches(exporter, resource, scope)  # the console: for people to read, at low rates
 
 
+def _encoder() -> str:
+    """Which record-span encoder runs (the Zipkin, OTLP and file batches share the compiled module)."""
+    from ferryman.tracing._file import ENCODER  # noqa: PLC0415 (loaded when tracing is on)
+
+    return ENCODER
+
+
 @dataclass(frozen=True)
 class Tracing:
     """A service's tracing: the record sampler and tracers, the providers to pass on, and shutdown."""
@@ -151,11 +158,12 @@ def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing |
     provider = TracerProvider(sampler=otel_sampler(config), resource=resource)
     provider.add_span_processor(BatchSpanProcessor(_exporter(config, file)))
     _log.info(
-        "tracing on: sampler %s (ratio %g), exporter %s%s",
+        "tracing on: sampler %s (ratio %g), exporter %s%s%s",
         config.sampler,
         config.sampler_ratio,
         config.exporter,
         f" to {config.endpoint}" if config.endpoint else "",
+        "" if config.exporter == "console" else f", record span encoder {_encoder()}",
     )
     return Tracing(
         config=config,
