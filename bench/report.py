@@ -238,7 +238,14 @@ def _crossing_median(r: RowResult) -> float | None:
 
 #: The baseline of the observability rows (metrics and tracing off), and the rows compared with it.
 OBSERVABILITY_BASELINE = "ferryman-bare"
-OBSERVED_ROWS = ("ferryman", "ferryman-tracedefault", "ferryman-trace1", "ferryman-trace100")
+OBSERVED_ROWS = (
+    "ferryman",
+    "ferryman-tracedefault",
+    "ferryman-trace01",
+    "ferryman-trace1",
+    "ferryman-trace10",
+    "ferryman-trace100",
+)
 
 
 def observability_table(results: Sequence[RowResult]) -> tuple[list[str], list[list[str]]]:

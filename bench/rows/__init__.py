@@ -5,6 +5,8 @@ from bench.rows.copyloop import CopyLoopRow
 from bench.rows.ferryman import FerrymanRow
 from bench.rows.ferryman_observed import (
     FerrymanBareRow,
+    FerrymanTraced01Row,
+    FerrymanTraced10Row,
     FerrymanTracedAllRow,
     FerrymanTracedDefaultRow,
     FerrymanTracedRow,
@@ -21,7 +23,9 @@ ROWS: dict[str, type[Row]] = {
         MirrorMakerEosRow,
         FerrymanBareRow,
         FerrymanTracedDefaultRow,
+        FerrymanTraced01Row,
         FerrymanTracedRow,
+        FerrymanTraced10Row,
         FerrymanTracedAllRow,
     )
 }

@@ -5,6 +5,8 @@ The same pair as row ``ferryman`` (which runs with metrics on and tracing off), 
 * ``ferryman-bare``: metrics endpoints off, tracing off: the baseline;
 * ``ferryman-tracedefault``: metrics on, records traced at the default ``tracing.sampler_ratio``;
 * ``ferryman-trace1``: metrics on, 1 % of records traced (issue 26's goal; the default ratio is 0.01 %);
+* ``ferryman-trace01`` / ``ferryman-trace10``: metrics on, 0.1 % / 10 % traced (with the others, a sweep
+  that tells the cost per traced record from the cost of what a traced record in a batch sets off);
 * ``ferryman-trace100``: metrics on, every record traced.
 
 Each runs a flow of its own (``variant``): rows of one round that shared the flow would share its staging
@@ -66,6 +68,22 @@ class FerrymanTracedDefaultRow(FerrymanTracedRow):
     name = "ferryman-tracedefault"
     variant = "-tracedefault"
     ratio = TracingConfig().sampler_ratio
+
+
+class FerrymanTraced01Row(FerrymanTracedRow):
+    """Metrics on, 0.1 % of records traced."""
+
+    name = "ferryman-trace01"
+    variant = "-trace01"
+    ratio = 0.001
+
+
+class FerrymanTraced10Row(FerrymanTracedRow):
+    """Metrics on, 10 % of records traced."""
+
+    name = "ferryman-trace10"
+    variant = "-trace10"
+    ratio = 0.1
 
 
 class FerrymanTracedAllRow(FerrymanTracedRow):
