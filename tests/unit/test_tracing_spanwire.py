@@ -127,37 +127,23 @@ def test_the_encoders_run_the_compiled_path() -> None:
     assert _file.ENCODER == _zipkin.ENCODER == _otlp.ENCODER == "compiled"
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_file_lines_are_the_python_encoders(seed: int) -> None:
-    rng = random.Random(seed)
-    compiled, python = _file_pair()  # separate caches: each fills its own
-    for size in (1, 2, rng.randrange(3, 60)):
-        spans = _batch(rng, size)
-        lines = _file_compiled(compiled, spans)
-        assert lines is not None
-        assert lines == python.encode_py(spans)
-        assert compiled.encode(spans) == lines
+#: Per format: a (compiled-path, Python-path) encoder pair, and the compiled call the compiled one makes.
+FORMATS: dict[str, tuple[Callable[[], tuple[Any, Any]], Callable[[Any, Sequence[RecordSpan]], str | bytes | None]]] = {
+    "file": (_file_pair, _file_compiled),
+    "zipkin": (_zipkin_pair, _zipkin_compiled),
+    "otlp": (_otlp_pair, _otlp_compiled),
+}
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_zipkin_json_is_the_python_encoders(seed: int) -> None:
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_the_compiled_output_is_the_python_encoders(fmt: str, seed: int) -> None:
     rng = random.Random(seed)
-    compiled, python = _zipkin_pair()
+    make_pair, compiled_call = FORMATS[fmt]
+    compiled, python = make_pair()  # separate caches: each fills its own
     for size in (1, 2, rng.randrange(3, 60)):
         spans = _batch(rng, size)
-        encoded = _zipkin_compiled(compiled, spans)
-        assert encoded is not None
-        assert encoded == python.encode_py(spans)
-        assert compiled.encode(spans) == encoded
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_otlp_bytes_are_the_python_encoders(seed: int) -> None:
-    rng = random.Random(seed)
-    compiled, python = _otlp_pair()
-    for size in (1, 2, rng.randrange(3, 60)):
-        spans = _batch(rng, size)
-        encoded = _otlp_compiled(compiled, spans)
+        encoded = compiled_call(compiled, spans)
         assert encoded is not None
         assert encoded == python.encode_py(spans)
         assert compiled.encode(spans) == encoded
