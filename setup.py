@@ -15,6 +15,7 @@ setup(
         Extension("ferryman._rdproduce", ["clients/ferryman/_rdproduce.pyx"], optional=True),
         Extension("ferryman.metrics._latencycount", ["clients/ferryman/metrics/_latencycount.pyx"], optional=True),
         Extension("ferryman.tracing._spanwire", ["clients/ferryman/tracing/_spanwire.pyx"], optional=True),
+        Extension("ferryman.tracing._tracepath", ["clients/ferryman/tracing/_tracepath.pyx"], optional=True),
         Extension("ferryman_auditor._codes", ["services/auditor/ferryman_auditor/_codes.pyx"], optional=True),
         Extension("ferryman_auditor._pairs", ["services/auditor/ferryman_auditor/_pairs.pyx"], optional=True),
         Extension(

@@ -301,3 +301,19 @@ def test_deduper_ignores_a_record_trace_that_is_not_a_valid_traceparent() -> Non
     assert column == [None, None, None]  # nothing to continue: no span, no traceparent written
     traces.committed(records=3, started_ns=1)
     assert spans.get_finished_spans() == ()
+
+
+def test_deduper_continues_a_record_trace_with_whitespace_around_its_traceparent() -> None:
+    tracing, spans = _tracing()
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
+        + envelope.record_traces_suffix([(10, f" {TP_SAMPLED}\t", "")])
+    )
+    column = traces.written(env, 0, destination="d", staging_partition=0, staging_offset=1, headers=None)
+    assert column is not None and column[0] is not None
+    traceparent = dict(column[0])["traceparent"]
+    assert isinstance(traceparent, bytes) and traceparent.decode()[3:35] == TP_SAMPLED[3:35]  # the same trace
+    (process,) = spans.get_finished_spans()
+    assert process.parent is not None and f"{process.parent.span_id:016x}" == TP_SAMPLED[36:52]

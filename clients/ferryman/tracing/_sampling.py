@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ferryman.config import TracingConfig
+from ferryman.tracing._lean import tracepath
 
 #: W3C trace-context header names (https://www.w3.org/TR/trace-context/).
 TRACEPARENT = "traceparent"
@@ -56,8 +57,18 @@ def parse_traceparent(value: str) -> str | None:
     """Value when it is a valid W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), else None.
 
     Versions above 00 are accepted by their first four fields, as the W3C
-    recommendation asks; all-zero ids and version ff are invalid.
+    recommendation asks (the first 55 characters are returned); all-zero ids
+    and version ff are invalid. Surrounding whitespace is stripped.
     """
+    if tracepath is not None:  # the canonical form, checked in C (~60 ns against ~800)
+        canonical = tracepath.canonical_traceparent(value)
+        if canonical is not None:
+            return value if canonical else None
+    return parse_traceparent_py(value)
+
+
+def parse_traceparent_py(value: str) -> str | None:
+    """`parse_traceparent` in Python: every form (the reference the compiled check is held to)."""
     value = value.strip()
     if len(value) < 55 or (len(value) > 55 and (value[:2] == "00" or value[55] != "-")):
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ferryman import envelope
 from ferryman.envelope import Headers
@@ -51,6 +51,19 @@ def with_traceparent(headers: Headers | None, traceparent: str) -> Headers:
             return out
     out.append((TRACEPARENT, value))
     return out
+
+
+def _index_of(offsets: Sequence[int]) -> Callable[[int], int]:
+    """Where an offset is in a run's offsets (ascending), -1 when it is not there: arithmetic for a range."""
+    if isinstance(offsets, range) and offsets.step == 1:
+        first, n = offsets.start, len(offsets)
+        return lambda offset: offset - first if 0 <= offset - first < n else -1
+
+    def search(offset: int) -> int:
+        i = bisect.bisect_left(offsets, offset)
+        return i if i < len(offsets) and offsets[i] == offset else -1
+
+    return search
 
 
 class DeduperTraces:
@@ -110,9 +123,11 @@ class DeduperTraces:
         staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
         opened, processed = self._open, []
         now = time.time_ns()
-        for offset, (traceparent, tracestate) in traced:
-            i = bisect.bisect_left(offsets, offset)
-            if i >= len(offsets) or offsets[i] != offset or parse_traceparent(traceparent) is None:
+        index = _index_of(offsets)
+        for offset, (sent, tracestate) in traced:
+            i = index(offset)
+            traceparent = parse_traceparent(sent)
+            if i < 0 or traceparent is None:
                 continue  # not one of the envelope's records, or no valid context: nothing to continue
             trace_id, process_id = traceparent[3:35], new_span_id()
             attributes = (*staging, (SOURCE_OFFSET, offset))

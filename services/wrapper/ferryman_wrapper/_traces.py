@@ -26,6 +26,7 @@ from ferryman.tracing import (
     new_span_id,
     new_trace_id,
 )
+from ferryman.tracing._lean import tracepath
 from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW
 from opentelemetry.trace import SpanKind
 
@@ -42,6 +43,10 @@ class RunTraces:
 
     def suffix(self, after: int, upto: int) -> bytes:
         """The record_traces of an envelope holding the run's records after ``after`` up to ``upto``."""
+        if tracepath is not None:
+            compiled = tracepath.record_traces_suffix(self.spans, after, upto)
+            if compiled is not None:
+                return compiled
         return envelope.record_traces_suffix(
             (offset, span.traceparent, span.tracestate) for offset, span in self.spans if after < offset <= upto
         )
