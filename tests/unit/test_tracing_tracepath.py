@@ -12,15 +12,18 @@ from __future__ import annotations
 import os
 import random
 import string
+from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import Message
 from ferryman import envelope
-from ferryman.tracing import RecordSpan, SpanShape, _lean, _sampling
+from ferryman.tracing import RecordSampler, RecordSpan, SpanShape, _lean, _sampling
 
 # _tracepath must be built here (the install builds it): a missing extension fails this module, never skips it.
 from ferryman.tracing import _tracepath as tracepath
 from ferryman.tracing._sampling import parse_traceparent, parse_traceparent_py
 from ferryman.v1 import envelope_pb2
+from ferryman_deduper import _traces as deduper_traces
 from ferryman_deduper._traces import _index_of
 from ferryman_wrapper import _traces as wrapper_traces
 from opentelemetry.trace import SpanKind
@@ -30,7 +33,9 @@ HEX = "0123456789abcdef"
 
 
 def test_the_services_use_the_compiled_paths() -> None:
-    assert _lean.tracepath is _sampling.tracepath is wrapper_traces.tracepath is tracepath
+    users = (_lean, _sampling, wrapper_traces, deduper_traces)
+    assert all(vars(module)["tracepath"] is tracepath for module in users)
+    assert _lean.RecordSpan is tracepath.RecordSpan
     assert _lean.new_span_id is tracepath.span_id and _lean.new_trace_id is tracepath.trace_id
 
 
@@ -62,7 +67,8 @@ def _traceparents(rng: random.Random, n: int) -> list[str]:
     """Valid ones, and mutations of them at every position (one character changed, cut, padded)."""
     out = []
     for _ in range(n):
-        value = "00-" + "".join(rng.choices(HEX, k=32)) + "-" + "".join(rng.choices(HEX, k=16)) + "-0" + rng.choice("01")
+        trace, span = "".join(rng.choices(HEX, k=32)), "".join(rng.choices(HEX, k=16))
+        value = f"00-{trace}-{span}-0{rng.choice('01')}"
         out.append(value)
         at = rng.randrange(55)
         out.append(value[:at] + rng.choice(string.printable + "é") + value[at + 1 :])
@@ -87,7 +93,7 @@ def test_the_traceparent_check_agrees_with_the_python_parser() -> None:
 
 
 def _spans(rng: random.Random, n: int) -> list[tuple[int, RecordSpan]]:
-    offsets = sorted(rng.sample(range(0, 1 << 40), n - 2)) + [0, 127]
+    offsets = [*rng.sample(range(1 << 40), n - 2), 0, 127]
     states = ["", "k=v", "a" * 200, "vendor=1,other=two"]
     return [
         (o, RecordSpan(SHAPE, tracepath.trace_id(), tracepath.span_id(), "", 1, False, rng.choice(states)))
@@ -145,3 +151,134 @@ def test_the_deduper_finds_a_record_by_offset_in_a_range_or_a_list(offsets: rang
     index = _index_of(offsets)
     for offset in range(90, 120):
         assert index(offset) == (list(offsets).index(offset) if offset in offsets else -1)
+
+
+class _Kept:
+    """A RecordSpans stand-in that keeps what is ended (no export thread)."""
+
+    def __init__(self) -> None:
+        self.ended: list[RecordSpan] = []
+        self.max_links = 64
+
+    def end_many(self, spans: list[RecordSpan], end_ns: int) -> None:
+        self.ended.extend(spans)
+
+    def links(self, spans: list[RecordSpan]) -> list[RecordSpan]:
+        return spans[: self.max_links]
+
+
+def _fields(span: RecordSpan, ids: dict[str, str]) -> tuple[object, ...]:
+    """A span's fields, its random ids named by order of first sight (so two runs compare)."""
+
+    def named(value: str) -> str:
+        return ids.setdefault(value, f"id{len(ids)}") if value else ""
+
+    return (
+        (span.shape.name, span.shape.kind, dict(span.shape.attributes)),  # shapes are compared by identity
+        named(span.trace_id),
+        named(span.span_id),
+        named(span.parent_id),
+        span.start_ns > 0,
+        span.remote_parent,
+        span.tracestate,
+        span.attributes,
+        span.links,
+        span.end_ns,
+        span.status,
+        span.message,
+    )
+
+
+def _record(offset: int, headers: list[tuple[str, str | bytes | None]] | None) -> Message:
+    return Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v", headers=headers)
+
+
+def test_the_compiled_wrapper_spans_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    run = [
+        _record(40 + i, [("traceparent", parent.encode()), ("tracestate", b"k=v")] if i % 3 == 0 else None)
+        for i in range(30)
+    ]
+    made = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(wrapper_traces, "tracepath", None)
+        tracing = SimpleNamespace(sampler=RecordSampler("parentbased_traceidratio", 0.3, random.Random(5)))
+        traces = wrapper_traces.WrapperTraces(tracing, consumer_group="g")  # type: ignore[arg-type]
+        got = traces.start("t", 0, run)
+        assert got is not None
+        ids: dict[str, str] = {}
+        made.append([(offset, type(span), _fields(span, ids)) for offset, span in got.spans])
+    assert made[0] and [m[::2] for m in made[0]] == [m[::2] for m in made[1]]
+    assert {m[1] for m in made[0]} == {tracepath.RecordSpan}
+
+
+def _envelope(traces: list[tuple[int, str, str]]) -> envelope.DecodedEnvelope:
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    run = envelope.RecordRun(
+        offsets=range(10, 16),
+        timestamps_ms=[1] * 6,
+        timestamp_types=[envelope_pb2.TIMESTAMP_TYPE_CREATE_TIME],
+        keys=[b"k"] * 6,
+        values=[b"v"] * 6,
+        headers=[(1, [("h", b"x")]), (2, [("traceparent", b"old"), ("h", b"y")]), (4, [])],
+    )
+    return envelope.decode(
+        envelope.encode(src, 9, run, wrapper_id="w", wrapper_epoch=1) + envelope.record_traces_suffix(traces)
+    )
+
+
+@pytest.mark.parametrize("start", [0, 2])
+def test_the_compiled_deduper_spans_and_headers_are_the_python_ones(
+    start: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    env = _envelope(
+        [
+            (10, tp, ""),  # before start=2: not written
+            (11, tp, "k=v"),  # a record with other headers
+            (12, tp, ""),  # an existing traceparent header, replaced in place
+            (13, " " + tp, ""),  # whitespace around: the parsed value counts
+            (14, tp.upper(), ""),  # invalid: nothing to continue
+            (15, "01-" + tp[3:] + "-more", "s=1"),  # a later version
+            (99, tp, ""),  # not one of the envelope's records
+        ]
+    )
+    results = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(deduper_traces, "tracepath", None)
+        kept = _Kept()
+        tracing = SimpleNamespace(records=kept)
+        traces = deduper_traces.DeduperTraces(tracing, staging_topic="stg", consumer_group="d")  # type: ignore[arg-type]
+        column = traces.written(
+            env, start, destination="dst", staging_partition=3, staging_offset=7, headers=env.run.header_column()
+        )
+        traces.committed(records=6, started_ns=1)
+        ids: dict[str, str] = {}
+        spans = [_fields(span, ids) for span in kept.ended[:-1]]  # the commit span links the publish spans
+        assert column is not None
+        headers = [
+            None
+            if h is None
+            else [(k, ids.get(bytes(v or b"")[36:52].decode(), v) if k == "traceparent" else v) for k, v in h]
+            for h in column
+        ]
+        results.append((headers, spans))
+    assert results[0] == results[1]
+    headers, spans = results[0]
+    assert headers[2] is not None and [k for k, _ in headers[2]] == ["traceparent", "h"]  # replaced in place
+    assert len(spans) == (10 if start == 0 else 6)  # a process and a publish span per continued record
+
+
+def test_compiled_record_spans_take_what_the_dataclass_takes() -> None:
+    compiled, python = (
+        cls(SHAPE, "a" * 32, "b" * 16, "", 1, tracestate="k=v", attributes=(("a", 1),), end_ns=5, status=2, message="m")
+        for cls in (tracepath.RecordSpan, _lean.RecordSpanPy)
+    )
+    ids: dict[str, str] = {}
+    assert _fields(compiled, ids) == _fields(python, ids) and compiled.traceparent == python.traceparent
+    compiled.status, compiled.end_ns = 1, 9  # mutable, as the data paths end them
+    with pytest.raises(AttributeError):
+        compiled.other = 1  # type: ignore[attr-defined]  # no dict: a typo fails, as with slots
+    assert "trace_id='" + "a" * 32 in repr(compiled)

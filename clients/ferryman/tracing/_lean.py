@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry.trace import SpanKind
 
@@ -48,11 +48,13 @@ class SpanShape:
 
 
 @dataclass(slots=True, eq=False)
-class RecordSpan:
+class RecordSpanPy:
     """One span: its ids, times (ns since the epoch) and the attributes its shape does not have.
 
     Ids are lowercase hex, as ``traceparent`` headers and Zipkin carry them (a
     record's ids come from and go to headers: no conversion on the data path).
+    `RecordSpan` is the compiled twin of this class where it is built (the same
+    fields; the data paths make it without a Python ``__init__``), else this.
     """
 
     shape: SpanShape
@@ -69,7 +71,7 @@ class RecordSpan:
     tracestate: str = ""
     """The W3C ``tracestate`` of the trace (empty when none)."""
     attributes: tuple[tuple[str, AttributeValue], ...] = ()
-    links: Sequence[RecordSpan] = ()
+    links: Sequence[RecordSpanPy] = ()
     end_ns: int = 0
     status: int = UNSET
     message: str = ""
@@ -83,7 +85,7 @@ class RecordSpan:
 
 #: The compiled per-record work (_tracepath.pyx), or None when it was not built (no C compiler at install).
 try:
-    import ferryman.tracing._tracepath as _tracepath
+    from ferryman.tracing import _tracepath
 except ImportError:  # pragma: no cover - the install builds it
     _tracepath = None  # type: ignore[assignment]
 tracepath = _tracepath  # the public name (tests swap it for None to run the pure-Python paths)
@@ -104,6 +106,11 @@ def new_trace_id_py() -> str:
     trace_id = _randbytes(16).hex()
     return trace_id if trace_id != _ZERO_TRACE else new_trace_id_py()
 
+
+if TYPE_CHECKING:
+    RecordSpan = RecordSpanPy
+else:
+    RecordSpan = tracepath.RecordSpan if tracepath is not None else RecordSpanPy
 
 #: A random non-zero 64-bit span id, in hex (compiled: ~30 ns against ~170).
 new_span_id: Callable[[], str] = tracepath.span_id if tracepath is not None else new_span_id_py

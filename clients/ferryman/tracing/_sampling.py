@@ -163,6 +163,8 @@ class RecordSampler:
             found = context_of(headers)
             if found is not None:
                 contexts[i] = found
+        if not contexts:  # no record carries context (the common case): the rule alone, already in order
+            return [(i, None) for i in self.roots(n)]
         chosen: dict[int, ParentContext | None] = {}
         if self.follow_parent:
             chosen.update((i, c) for i, c in contexts.items() if c.sampled)

@@ -36,7 +36,7 @@ from opentelemetry.trace import Tracer
 from ferryman.config import TracingConfig
 from ferryman.errors import ConfigError
 from ferryman.tracing._export import SdkBatches
-from ferryman.tracing._lean import BatchExporter, RecordSpans
+from ferryman.tracing._lean import BatchExporter, RecordSpans, tracepath
 from ferryman.tracing._sampling import RecordSampler
 
 _log = logging.getLogger(__name__)
@@ -158,12 +158,13 @@ def start_tracing(config: TracingConfig, default_service_name: str) -> Tracing |
     provider = TracerProvider(sampler=otel_sampler(config), resource=resource)
     provider.add_span_processor(BatchSpanProcessor(_exporter(config, file)))
     _log.info(
-        "tracing on: sampler %s (ratio %g), exporter %s%s%s",
+        "tracing on: sampler %s (ratio %g), exporter %s%s%s, record spans made %s",
         config.sampler,
         config.sampler_ratio,
         config.exporter,
         f" to {config.endpoint}" if config.endpoint else "",
         "" if config.exporter == "console" else f", record span encoder {_encoder()}",
+        "compiled" if tracepath is not None else "in pure Python (_tracepath not built)",
     )
     return Tracing(
         config=config,

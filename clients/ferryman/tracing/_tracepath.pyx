@@ -1,18 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""Compiled per-record work of tracing on the services' data paths: ids, ``traceparent`` checks, record traces.
+"""Compiled per-record work of tracing on the services' data paths: spans, ids, ``traceparent``, record traces.
 
-Why it exists: a traced record costs both services together ~8 us of Python
-in isolation (``python -m bench.span_cost --all``) and about twice that in a
-loaded pipeline, against a budget of ~8 us (issue 26: 1 % tracing within 5 %
-of the CPU). The pieces here were the largest shares of it: random ids
-(``random.randbytes(n).hex()``), the wrapper's ``record_traces`` suffix
-(protobuf wire bytes built from small ``bytes`` objects) and the deduper's
-``traceparent`` check (``parse_traceparent``).
+Why it exists: the tracing work of a traced record is small in a warm loop
+(~4-5 us for both services in Python, ``python -m bench.span_cost --all``)
+but at a 1 % ratio it runs once per envelope or run, between batches of a
+thousand records that have evicted it from the CPU caches, and there the
+same Python measured 3-10x slower (a cache-flushing micro-benchmark; in the
+pipeline 1 % tracing cost ~20-35 us per traced record). So the per-record
+and per-envelope steps run here as C with few Python objects: the
+`RecordSpan` type (the dataclass ``_lean.RecordSpanPy``'s twin, made
+without a Python ``__init__``), the wrapper's spans of a run
+(`start_spans`), the deduper's spans and header column (`continue_traces`),
+random ids, the ``traceparent`` check and the wrapper's ``record_traces``
+suffix.
 
 The pure-Python versions (``ferryman.tracing._lean``, ``_sampling``,
-``ferryman.envelope``) stay the fallback and the reference: the tests hold
-each function here to the same output, and each returns None for input it
-does not handle (the caller then takes the Python path).
+``ferryman.envelope``, the services' ``_traces`` modules) stay the fallback
+and the reference: the tests hold each function here to the same output,
+and the functions that take arbitrary input return None for what they do
+not handle (the caller then takes the Python path).
 
 Ids come from a xoshiro256** generator seeded from ``os.urandom`` at import
 and again in a forked child (``os.register_at_fork``), as W3C Trace Context
@@ -252,3 +258,160 @@ cdef inline Py_ssize_t _body_size(long long offset, Py_ssize_t state_len) noexce
     if state_len:
         size += 1 + _varint_size(<uint64_t>state_len) + state_len
     return size
+
+
+# ------------------------------------------------------------------ record spans
+
+cdef class RecordSpan:
+    """``ferryman.tracing._lean.RecordSpanPy`` as a C type: the same fields, defaults and ``traceparent``.
+
+    The data paths below make these without a Python ``__init__`` frame: a
+    traced record's spans cost a few C stores, where the dataclass's
+    generated ``__init__`` ran cold in a loaded service (see the module docstring).
+    """
+
+    cdef public object shape
+    cdef public object trace_id
+    cdef public object span_id
+    cdef public object parent_id
+    cdef public object start_ns
+    cdef public object remote_parent
+    cdef public object tracestate
+    cdef public object attributes
+    cdef public object links
+    cdef public object end_ns
+    cdef public object status
+    cdef public object message
+
+    def __init__(self, shape, trace_id, span_id, parent_id, start_ns, remote_parent=False, tracestate="",
+                 attributes=(), links=(), end_ns=0, status=0, message=""):
+        self.shape = shape
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.start_ns = start_ns
+        self.remote_parent = remote_parent
+        self.tracestate = tracestate
+        self.attributes = attributes
+        self.links = links
+        self.end_ns = end_ns
+        self.status = status
+        self.message = message
+
+    @property
+    def traceparent(self):
+        """The ``traceparent`` naming this span as the parent (always sampled: only sampled spans exist)."""
+        return "00-" + self.trace_id + "-" + self.span_id + "-01"
+
+    def __repr__(self):
+        return (f"RecordSpan(shape={self.shape!r}, trace_id={self.trace_id!r}, span_id={self.span_id!r}, "
+                f"parent_id={self.parent_id!r}, start_ns={self.start_ns!r}, remote_parent={self.remote_parent!r}, "
+                f"tracestate={self.tracestate!r}, attributes={self.attributes!r}, links={self.links!r}, "
+                f"end_ns={self.end_ns!r}, status={self.status!r}, message={self.message!r})")
+
+
+cdef RecordSpan _span(object shape, str trace_id, str span_id, str parent_id, object start_ns, bint remote,
+                      object tracestate, object attributes):
+    """A new span, as ``RecordSpan(shape, trace_id, span_id, parent_id, start_ns, remote, tracestate, attributes)``."""
+    cdef RecordSpan span = RecordSpan.__new__(RecordSpan)
+    span.shape = shape
+    span.trace_id = trace_id
+    span.span_id = span_id
+    span.parent_id = parent_id
+    span.start_ns = start_ns
+    span.remote_parent = remote
+    span.tracestate = tracestate
+    span.attributes = attributes
+    span.links = ()
+    span.end_ns = 0
+    span.status = 0
+    span.message = ""
+    return span
+
+
+def start_spans(list decided, run, object shape, object now, str offset_key, str offset_new_key) -> list:
+    """The wrapper's spans: ``(offset, span)`` for each ``(index, parent context or None)`` of decided.
+
+    As ``ferryman_wrapper._traces.WrapperTraces.start`` makes them in Python: a
+    record without context starts a trace, one with a sampled parent continues
+    it; the span's attributes are the record's offset under both keys.
+    """
+    cdef list spans = []
+    cdef object offset, parent, tp
+    for i, parent in decided:
+        offset = run[i].offset()
+        attributes = ((offset_key, offset), (offset_new_key, offset))
+        if parent is None:
+            span = _span(shape, trace_id(), span_id(), "", now, False, "", attributes)
+        else:
+            tp = parent.traceparent
+            span = _span(shape, tp[3:35], span_id(), tp[36:52], now, True, parent.tracestate, attributes)
+        spans.append((offset, span))
+    return spans
+
+
+cdef inline Py_ssize_t _index_in(object offsets, bint is_range, long long first_offset, Py_ssize_t n,
+                                 object offset) except -2:
+    """Where offset is in the run's (ascending) offsets, -1 when it is not there."""
+    cdef long long o
+    cdef Py_ssize_t i
+    if is_range:
+        o = offset
+        return <Py_ssize_t>(o - first_offset) if 0 <= o - first_offset < n else -1
+    i = _bisect_left(offsets, offset)
+    return i if i < n and offsets[i] == offset else -1
+
+
+from bisect import bisect_left as _bisect_left
+
+
+def continue_traces(dict record_traces, offsets, Py_ssize_t start, headers, object process_shape,
+                    object publish_shape, tuple staging, str source_offset_key, object now, list opened,
+                    object parse, object with_traceparent, str traceparent_key) -> tuple:
+    """The deduper's spans for the traced records of a run from ``start``, and their header column.
+
+    As ``ferryman_deduper._traces.DeduperTraces.written`` does it in Python (see
+    there): a process span (returned, to be ended now) and a publish span
+    (appended to opened) per traced record with a valid ``traceparent`` (parse:
+    ``parse_traceparent``, for the forms checked here as not canonical);
+    the column gets the publish span's ``traceparent``.
+
+    Returns:
+        (column, process spans): column None or a copy of headers when no
+        written record is traced.
+    """
+    cdef object first = offsets[start]
+    cdef list traced = [item for item in record_traces.items() if item[0] >= first]
+    cdef list processed = []
+    if not traced:
+        return (None if headers is None else list(headers)), processed
+    traced.sort()
+    cdef Py_ssize_t n = len(offsets), i, k
+    cdef list column = list(headers) if headers is not None else [None] * n
+    if len(column) != n:
+        raise ValueError(f"a header column of {len(column)} entries for {n} records")
+    cdef bint is_range = type(offsets) is range and offsets.step == 1
+    cdef long long first_offset = offsets.start if is_range else 0
+    cdef object offset, sent, tracestate, tp, canonical
+    cdef str trace, process_id, publish_id
+    cdef RecordSpan publish
+    for k in range(len(traced)):
+        offset, (sent, tracestate) = traced[k]
+        i = _index_in(offsets, is_range, first_offset, n, offset)
+        canonical = canonical_traceparent(sent)
+        tp = parse(sent) if canonical is None else (sent if canonical else None)
+        if i < 0 or tp is None:
+            continue  # not one of the envelope's records, or no valid context: nothing to continue
+        trace = tp[3:35]
+        process_id = span_id()
+        processed.append(
+            _span(process_shape, trace, process_id, tp[36:52], now, True, tracestate,
+                  staging + ((source_offset_key, offset),))
+        )
+        publish_id = span_id()
+        publish = _span(publish_shape, trace, publish_id, process_id, now, False, tracestate, ())
+        opened.append(publish)
+        traceparent = "00-" + trace + "-" + publish_id + "-01"
+        old = column[i]
+        column[i] = [(traceparent_key, traceparent.encode())] if not old else with_traceparent(old, traceparent)
+    return column, processed

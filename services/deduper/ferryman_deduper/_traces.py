@@ -32,6 +32,7 @@ from ferryman.tracing import (
     new_trace_id,
     parse_traceparent,
 )
+from ferryman.tracing._lean import tracepath
 from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
 from opentelemetry.trace import SpanKind
 
@@ -111,6 +112,40 @@ class DeduperTraces:
             headers with a ``traceparent`` on each traced record (a new column when headers is
             None), or headers unchanged (None included) when no written record is traced.
         """
+        src = env.source
+        process_shape, publish_shape = self._shapes(staging_partition, src.topic, src.partition, destination)
+        staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
+        if tracepath is not None:  # the same spans and column, made in C
+            column, processed = tracepath.continue_traces(
+                env.record_traces,
+                env.run.offsets,
+                start,
+                headers,
+                process_shape,
+                publish_shape,
+                staging,
+                SOURCE_OFFSET,
+                time.time_ns(),
+                self._open,
+                parse_traceparent,
+                with_traceparent,
+                TRACEPARENT,
+            )
+            if processed:
+                self._spans.end_many(processed, time.time_ns())
+            return column
+        return self._written_py(env, start, headers, (process_shape, publish_shape), staging)
+
+    def _written_py(
+        self,
+        env: envelope.DecodedEnvelope,
+        start: int,
+        headers: Sequence[Headers | None] | None,
+        shapes: tuple[SpanShape, SpanShape],
+        staging: tuple[tuple[str, int], ...],
+    ) -> list[Headers | None] | None:
+        """`written` in Python (the reference the compiled path is held to); shapes: (process, publish)."""
+        process_shape, publish_shape = shapes
         run = env.run
         offsets = run.offsets
         first = offsets[start]
@@ -118,9 +153,6 @@ class DeduperTraces:
         if not traced:
             return None if headers is None else list(headers)
         column: list[Headers | None] = list(headers) if headers is not None else [None] * len(offsets)
-        src = env.source
-        process_shape, publish_shape = self._shapes(staging_partition, src.topic, src.partition, destination)
-        staging = () if staging_offset is None else ((OFFSET, staging_offset), (OFFSET_NEW, staging_offset))
         opened, processed = self._open, []
         now = time.time_ns()
         index = _index_of(offsets)
