@@ -282,3 +282,16 @@ def test_compiled_record_spans_take_what_the_dataclass_takes() -> None:
     with pytest.raises(AttributeError):
         compiled.other = 1  # type: ignore[attr-defined]  # no dict: a typo fails, as with slots
     assert "trace_id='" + "a" * 32 in repr(compiled)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.01, 0.0001, 1e-9])
+def test_the_compiled_sampler_draws_what_the_python_one_draws(ratio: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = [random.Random(ratio).randrange(1, 3000) for _ in range(300)]
+    compiled = RecordSampler("traceidratio", ratio, random.Random(11))
+    chosen = [compiled.roots(n) for n in runs]
+    monkeypatch.setattr(_sampling, "tracepath", None)
+    python = RecordSampler("traceidratio", ratio, random.Random(11))
+    assert chosen == [python.roots(n) for n in runs]
+    assert compiled._skip == python._skip and isinstance(compiled._skip, int)
+    if ratio >= 0.01:
+        assert sum(map(len, chosen)) > 0

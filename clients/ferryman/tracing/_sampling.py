@@ -28,6 +28,8 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
 _HEX = frozenset("0123456789abcdef")
+#: Skips up to this are exact in a double (the compiled sampler counts in doubles).
+_MAX_EXACT = 2**53
 
 #: A record's headers as confluent-kafka gives them (values are bytes; str is accepted too).
 Headers = Sequence[tuple[str, bytes | str | None]]
@@ -140,7 +142,13 @@ class RecordSampler:
         """Indexes among the next n records that the ratio rule samples (the draws carry over between runs)."""
         if self.ratio >= 1:
             return list(range(n))
-        out: list[int] = []
+        if tracepath is not None and self.ratio > 0 and self._skip < _MAX_EXACT:  # the same draws, in C
+            drawn = tracepath.roots(n, self._skip, self._log_miss, self._rng.random)
+            if drawn is not None:
+                out, skip = drawn
+                self._skip = int(skip)
+                return out
+        out = []
         i = self._skip
         while i < n:
             out.append(int(i))

@@ -415,3 +415,30 @@ def continue_traces(dict record_traces, offsets, Py_ssize_t start, headers, obje
         old = column[i]
         column[i] = [(traceparent_key, traceparent.encode())] if not old else with_traceparent(old, traceparent)
     return column, processed
+
+
+# ------------------------------------------------------------------ sampling
+
+from libc.math cimport floor, log1p
+
+# Draws are exact integers in a double up to 2**53; a run of records is far shorter.
+cdef double MAX_EXACT = 9007199254740992.0
+
+
+def roots(Py_ssize_t n, double skip, double log_miss, object uniform) -> object:
+    """``RecordSampler.roots`` for 0 < ratio < 1: (indexes among the next n records, the skip after them).
+
+    skip: records to pass first (the sampler's ``_skip``); each later gap is
+    ``floor(log1p(-uniform()) / log_miss)`` records, as ``RecordSampler._draw``
+    draws it. None when a gap is too large to count exactly in a double (a
+    ratio so small that the pure-Python sampler takes it).
+    """
+    cdef list out = []
+    cdef double i = skip, gap
+    while i < n:
+        out.append(<Py_ssize_t>i)
+        gap = floor(log1p(-<double>uniform()) / log_miss)
+        if not 0 <= gap < MAX_EXACT:
+            return None
+        i += 1 + gap
+    return out, i - n
