@@ -243,6 +243,19 @@ def _tracing(**overrides: object) -> tuple[Tracing, _Finished]:
     return tracing, _Finished(tracing, memory)
 
 
+def _deduper_and_envelope(
+    record_traces: list[tuple[int, str, str]],
+) -> tuple[DeduperTraces, _Finished, envelope.DecodedEnvelope]:
+    """A deduper's traces, its finished spans, and an envelope of _run() carrying record_traces."""
+    tracing, spans = _tracing()
+    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
+    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
+    env = envelope.decode(
+        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1) + envelope.record_traces_suffix(record_traces)
+    )
+    return traces, spans, env
+
+
 def test_deduper_continues_the_wrapper_span_and_writes_its_publish_span_as_traceparent() -> None:
     tracing, spans = _tracing(max_links=1)
     traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
@@ -278,25 +291,13 @@ def test_deduper_continues_the_wrapper_span_and_writes_its_publish_span_as_trace
 
 
 def test_deduper_leaves_headers_alone_when_no_written_record_is_traced() -> None:
-    tracing, spans = _tracing()
-    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
-    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
-    env = envelope.decode(
-        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
-        + envelope.record_traces_suffix([(10, TP_SAMPLED, "")])
-    )
+    traces, spans, env = _deduper_and_envelope([(10, TP_SAMPLED, "")])
     assert traces.written(env, 1, destination="d", staging_partition=0, staging_offset=1, headers=None) is None
     assert spans.get_finished_spans() == ()
 
 
 def test_deduper_ignores_a_record_trace_that_is_not_a_valid_traceparent() -> None:
-    tracing, spans = _tracing()
-    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
-    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
-    env = envelope.decode(
-        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
-        + envelope.record_traces_suffix([(10, "00-not-hex-01", ""), (11, TP_SAMPLED.upper(), "")])
-    )
+    traces, spans, env = _deduper_and_envelope([(10, "00-not-hex-01", ""), (11, TP_SAMPLED.upper(), "")])
     column = traces.written(env, 0, destination="d", staging_partition=0, staging_offset=1, headers=None)
     assert column == [None, None, None]  # nothing to continue: no span, no traceparent written
     traces.committed(records=3, started_ns=1)
@@ -304,13 +305,7 @@ def test_deduper_ignores_a_record_trace_that_is_not_a_valid_traceparent() -> Non
 
 
 def test_deduper_continues_a_record_trace_with_whitespace_around_its_traceparent() -> None:
-    tracing, spans = _tracing()
-    traces = DeduperTraces(tracing, staging_topic="stg", consumer_group="dg")
-    src = envelope_pb2.SourcePartition(cluster_id="c", topic="t", partition=0)
-    env = envelope.decode(
-        envelope.encode(src, 9, _run(), wrapper_id="w", wrapper_epoch=1)
-        + envelope.record_traces_suffix([(10, f" {TP_SAMPLED}\t", "")])
-    )
+    traces, spans, env = _deduper_and_envelope([(10, f" {TP_SAMPLED}\t", "")])
     column = traces.written(env, 0, destination="d", staging_partition=0, staging_offset=1, headers=None)
     assert column is not None and column[0] is not None
     traceparent = dict(column[0])["traceparent"]
