@@ -40,7 +40,7 @@ dedupers, MirrorMaker 2 and the copy loop next to the destination), per record
 copied, beside the compression of what crosses.
 
 Then, with ``--rounds N`` (3 by default), the copy is repeated N - 1 more times,
-the rows interleaved round by round (ferryman, copyloop, ... then again), each
+the rows interleaved round by round (ferryman, copyloop, ... then again, the order rotated by one each round), each
 round a fresh launch to fresh destination topics, audited like the first. Two
 identical runs on this 2-core machine differ by 20% or more, and it drifts
 within minutes, so one copy per row cannot carry a ratio: the rounds table gives
@@ -68,7 +68,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import confluent_kafka
 import grpc
@@ -685,17 +685,29 @@ def _run_row(
     return result
 
 
+_T = TypeVar("_T")
+
+
+def round_order(results: list[_T], round_no: int) -> list[_T]:
+    """The rows in the order round round_no runs them: the first round's order rotated by round_no - 1."""
+    turn = (round_no - 1) % len(results) if results else 0
+    return results[turn:] + results[:turn]
+
+
 def _repeat(cfg: BenchConfig, stage: Stage, round_no: int, results: list[RowResult]) -> None:
-    """Copy the preloaded topics once more with every row that ran, in the same order; no latency phase.
+    """Copy the preloaded topics once more with every row that ran, the order rotated by one; no latency phase.
 
     A fresh run id per round gives every row fresh flows, groups and internal
     topics, and the round tag fresh destination topics, so no round sees
-    another's state. A failed round fails its row.
+    another's state. The rotation puts each row after a different one from
+    round to round: a row that always ran second met the brokers' work left by
+    the first (segment rolls, compaction of its internal topics) every time. A
+    failed round fails its row.
     """
     _log(f"round {round_no} of {cfg.rounds}")
     again = replace(stage, run_id=f"{stage.run_id}r{round_no}", work_dir=stage.work_dir / f"round{round_no}")
     once = replace(cfg, latency_duration_s=0.0)
-    for result in results:
+    for result in round_order(results, round_no):
         if result.status == "unavailable":
             continue
         repeat = _run_row(ROWS[result.row], once, again, None, round_no)

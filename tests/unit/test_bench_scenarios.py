@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.preload import split_jobs
-from bench.replication import SCENARIOS, _parse, _source_topics
+from bench.replication import SCENARIOS, _parse, _source_topics, round_order
 from bench.rows.base import RowContext, RowOptions
 from bench.rows.ferryman import FerrymanRow
 
@@ -93,3 +93,12 @@ def test_the_ferryman_row_takes_a_staging_partition_count(tmp_path: Path) -> Non
     assert flow["staging_partitions"] == 32
     with pytest.raises(SystemExit):
         _parse(["--staging-partitions", "0"])
+
+
+def test_each_round_rotates_the_row_order_so_no_row_always_follows_the_same_one() -> None:
+    rows = ["ferryman-bare", "ferryman", "ferryman-trace1"]
+    orders = [round_order(rows, n) for n in range(1, 5)]
+    assert orders[0] == rows and orders[3] == rows  # the first round keeps the order given (its latency phase needs it)
+    assert orders[1] == ["ferryman", "ferryman-trace1", "ferryman-bare"]
+    assert {tuple(o) for o in orders[:3]} == {tuple(rows[i:] + rows[:i]) for i in range(3)}
+    assert round_order([], 3) == []
