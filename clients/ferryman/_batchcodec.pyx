@@ -646,3 +646,96 @@ def header_indexes(list messages):
         elif _headers(m):
             out.append(i)
     return out
+
+
+cdef const unsigned char* _skip_field(const unsigned char* p, const unsigned char* end, uint64_t tag) noexcept nogil:
+    """Past the value of a field whose tag was read; NULL when malformed or a group (the library's path)."""
+    cdef uint64_t v
+    cdef int wire = tag & 7
+    if wire == 0:
+        return _get_varint(p, end, &v)
+    if wire == 1:
+        return p + 8 if end - p >= 8 else NULL
+    if wire == 5:
+        return p + 4 if end - p >= 4 else NULL
+    if wire == 2:
+        p = _get_varint(p, end, &v)
+        return p + v if p != NULL and v <= <uint64_t>(end - p) else NULL
+    return NULL
+
+
+cdef object _read_record_trace(const unsigned char* p, const unsigned char* end):
+    """One RecordTrace message as (offset, traceparent, tracestate); None when not in a form read here."""
+    cdef uint64_t tag, value
+    cdef int64_t offset = 0
+    traceparent = ""
+    tracestate = ""
+    while p < end:
+        p = _get_varint(p, end, &tag)
+        if p == NULL:
+            return None
+        if tag == 0x08:  # RecordTrace.offset (int64)
+            p = _get_varint(p, end, &value)
+            if p == NULL:
+                return None
+            offset = <int64_t>value
+            continue
+        if (tag >> 3) <= 3 and tag != 0x12 and tag != 0x1A:
+            return None  # a known field in an unexpected shape
+        if tag == 0x12 or tag == 0x1A:  # traceparent, tracestate: UTF-8, as protobuf checks it
+            p = _get_varint(p, end, &value)
+            if p == NULL or value > <uint64_t>(end - p):
+                return None
+            try:
+                text = PyUnicode_DecodeUTF8(<const char*>p, <Py_ssize_t>value, NULL)
+            except UnicodeDecodeError:
+                return None
+            if tag == 0x12:
+                traceparent = text
+            else:
+                tracestate = text
+            p += value
+            continue
+        p = _skip_field(p, end, tag)  # an unknown field, skipped as protobuf readers do
+        if p == NULL:
+            return None
+    return offset, traceparent, tracestate
+
+
+def record_traces(bytes envelope):
+    """An envelope's record traces as ``verify`` gives them ({offset: (traceparent, tracestate)}), read from its bytes.
+
+    The protobuf library has parsed the envelope already; reading its repeated
+    ``record_traces`` back makes a Python object per trace and per field, which
+    the deduper did for every traced envelope. Here the top-level fields are
+    skipped by their lengths and field 11's messages read straight into the
+    dict (later traces of an offset win, as in a dict built in field order).
+    None when the bytes hold anything not read here (groups, a known field in
+    another shape, malformed bytes): the caller reads the parsed message.
+    """
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(envelope)
+    cdef const unsigned char* end = p + PyBytes_GET_SIZE(envelope)
+    cdef const unsigned char* body
+    cdef uint64_t tag, length
+    cdef dict out = {}
+    while p < end:
+        p = _get_varint(p, end, &tag)
+        if p == NULL:
+            return None
+        if tag != 0x5A:  # not Envelope.record_traces (11, length-delimited)
+            if (tag >> 3) == 11:
+                return None
+            p = _skip_field(p, end, tag)
+            if p == NULL:
+                return None
+            continue
+        p = _get_varint(p, end, &length)
+        if p == NULL or length > <uint64_t>(end - p):
+            return None
+        body = p
+        p += length
+        trace = _read_record_trace(body, p)
+        if trace is None:
+            return None
+        out[trace[0]] = (trace[1], trace[2])
+    return out

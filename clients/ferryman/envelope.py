@@ -433,7 +433,9 @@ def decode(data: bytes | None) -> DecodedEnvelope:
         env.ParseFromString(data)
     except DecodeError as exc:
         raise EnvelopeError(f"staging record is not an envelope: {exc}") from exc
-    return verify(env)
+    # Record traces read from the bytes in C where built (the parsed ones cost a Python object per field).
+    traces = batchcodec.record_traces(data) if env.record_traces and batchcodec is not None else None
+    return verify(env, record_traces=traces)
 
 
 def _checksum_matches(env: envelope_pb2.Envelope, records: bytes) -> bool:
@@ -444,8 +446,10 @@ def _checksum_matches(env: envelope_pb2.Envelope, records: bytes) -> bool:
     return zlib.crc32(records) == env.records_crc32
 
 
-def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
+def verify(env: envelope_pb2.Envelope, *, record_traces: dict[int, tuple[str, str]] | None = None) -> DecodedEnvelope:
     """Verify the checksum of a parsed envelope and parse its records.
+
+    record_traces: the envelope's record traces when the caller has read them already (``decode``).
 
     Raises:
         EnvelopeError: the envelope holds no records or they do not parse.
@@ -477,7 +481,11 @@ def verify(env: envelope_pb2.Envelope) -> DecodedEnvelope:
         wrapper_epoch=env.wrapper_epoch,
         wrapped_at_ms=env.wrapped_at_ms,
         trace_context=dict(env.trace_context),
-        record_traces={t.offset: (t.traceparent, t.tracestate) for t in env.record_traces} if env.record_traces else {},
+        record_traces=record_traces
+        if record_traces is not None
+        else {t.offset: (t.traceparent, t.tracestate) for t in env.record_traces}
+        if env.record_traces
+        else {},
     )
 
 

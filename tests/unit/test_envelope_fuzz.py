@@ -185,3 +185,72 @@ def test_the_fuzzed_compiled_path_is_the_compiled_codec() -> None:
     if envelope.batchcodec is None:
         pytest.fail("the compiled codec is not built: run python setup.py build_ext --inplace")
     assert envelope.CODEC.startswith("compiled")
+
+
+def _traces_of(env: envelope_pb2.Envelope) -> dict[int, tuple[str, str]]:
+    """What verify makes of the parsed message's record traces (the reference)."""
+    return {t.offset: (t.traceparent, t.tracestate) for t in env.record_traces}
+
+
+def _traces_agree(data: bytes) -> None:
+    """Where the library parses data as an envelope, the compiled reader gives its record traces, or None."""
+    env = envelope_pb2.Envelope()
+    try:
+        env.ParseFromString(data)
+    except Exception:
+        return
+    compiled = _batchcodec.record_traces(data)
+    assert compiled is None or compiled == _traces_of(env)
+
+
+_trace = st.tuples(_INT64 | _SMALL, st.text(max_size=60), st.text(max_size=8))
+
+
+@st.composite
+def _traced_envelopes(draw: st.DrawFn) -> bytes:
+    """An envelope with record traces (repeated offsets, empty and non-ASCII strings, unknown fields), maybe damaged."""
+    source = envelope_pb2.SourcePartition(topic="t", partition=draw(st.integers(0, 3)))
+    data = bytearray(envelope.wrap_payload(source, -1, draw(_BYTES), 0, wrapper_id="w", wrapper_epoch=1))
+    for offset, traceparent, tracestate in draw(st.lists(_trace, max_size=6)):
+        trace = envelope_pb2.RecordTrace(offset=offset, traceparent=traceparent, tracestate=tracestate)
+        body = trace.SerializeToString()
+        if draw(st.booleans()):  # an unknown field inside a trace: fixed64, varint or length-delimited
+            body += draw(st.sampled_from([b"\x21" + bytes(8), b"\x28\x05", b"\x32\x02ab"]))
+        data += b"\x5a" + bytes([len(body)]) if len(body) < 128 else b""
+        if len(body) < 128:
+            data += body
+    if draw(st.booleans()):
+        at = draw(st.integers(0, max(0, len(data) - 1)))
+        kind = draw(st.sampled_from(["truncate", "flip", "insert"]))
+        if kind == "truncate":
+            del data[at:]
+        elif kind == "flip" and data:
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        else:
+            data[at:at] = draw(st.binary(min_size=1, max_size=3))
+    return bytes(data)
+
+
+@FUZZ
+@given(_traced_envelopes())
+def test_record_traces_read_from_the_bytes_are_the_parsed_ones(data: bytes) -> None:
+    _traces_agree(data)
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_random_envelope_bytes_give_the_parsed_record_traces_or_none(data: bytes) -> None:
+    _traces_agree(data)
+
+
+def test_decode_reads_record_traces_through_the_compiled_reader_and_agrees_without_it() -> None:
+    source = envelope_pb2.SourcePartition(topic="t", partition=0)
+    traces = [(5, "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "k=v"), (7, "x", ""), (5, "later wins", "é")]
+    data = envelope.encode(source, 4, _valid_run(4, 5), wrapper_id="w", wrapper_epoch=1)
+    data += envelope.record_traces_suffix(traces)
+    assert _batchcodec.record_traces(data) == {5: ("later wins", "é"), 7: ("x", "")}
+    compiled = envelope.decode(data).record_traces
+    with _pure_python():
+        assert envelope.decode(data).record_traces == compiled
+    wrong_shape = data + b"\x5a\x02\x0a\x00"  # RecordTrace.offset as length-delimited: left to the library
+    assert _batchcodec.record_traces(wrong_shape) is None
