@@ -81,10 +81,6 @@ _SERVICE_NAME = "ferryman.v1.WrapperService"
 _CLOSE_DEADLINE_S = 15.0
 #: Slack beyond the loop's longest blocking step (a flush, then a synchronous commit, both in a revoke).
 _POLL_INTERVAL_SLACK_S = 30.0
-#: The source consumer's request timeout unless the cluster's client_config sets socket.timeout.ms: the longest
-#: the wrapper can sit on a commit the coordinator will never answer (see _make_consumer). The Java consumer's
-#: request.timeout.ms is 30 s; librdkafka's default 60 s.
-SOURCE_SOCKET_TIMEOUT_MS = 20_000
 #: Backoff between recovery attempts while a cluster is away (first quick, then capped).
 _RECOVERY_BACKOFF_S = (0.2, 5.0)
 
@@ -229,11 +225,6 @@ class Wrapper:
                 "error_cb": self._on_consumer_error,
             }
         )
-        # A session lost with an offset commit in flight can leave librdkafka waiting for the commit with the
-        # coordinator marked dead ("Group coordinator decommissioned") until the request times out: the wrapper
-        # read nothing for socket.timeout.ms after a source broker froze past the session (60 s by librdkafka's
-        # default). Group joins and syncs have timeouts of their own (session and max.poll.interval based).
-        conf.setdefault("socket.timeout.ms", SOURCE_SOCKET_TIMEOUT_MS)
         if self._static_id:
             conf["group.instance.id"] = self._static_id
         return Consumer(conf)
