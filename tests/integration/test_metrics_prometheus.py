@@ -153,3 +153,11 @@ def test_prometheus_counts_what_was_replicated_and_a_planted_duplicate_once(
             _latency_is_sane(prom, total + 10, produced_from)
     finally:
         pair.stop()
+
+
+def test_a_relative_work_dir_starts_prometheus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's default --dir is relative; the server runs inside it, so its paths must not be (they doubled)."""
+    monkeypatch.chdir(tmp_path)
+    with LocalPrometheus.start(Path("demo") / "prometheus", {"nothing": [f"127.0.0.1:{reserve_port()}"]}) as prom:
+        assert prom.work_dir.is_absolute() and (tmp_path / "demo" / "prometheus" / "prometheus.yml").exists()
+        assert [s["value"][1] for s in prom.query("vector(1)")] == ["1"]  # it answers queries

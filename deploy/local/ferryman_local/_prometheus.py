@@ -55,6 +55,9 @@ class LocalPrometheus(HttpServerProcess):
         binary = shutil.which("prometheus")
         if binary is None:
             raise ToolMissingError("prometheus is not on PATH (Debian: apt-get install prometheus; scripts/bootstrap)")
+        # Absolute: the server runs in work_dir, where a relative --config.file would name work_dir/work_dir/...
+        # (the demo's default --dir is relative).
+        work_dir = work_dir.resolve()
         work_dir.mkdir(parents=True, exist_ok=True)
         interval = f"{scrape_interval_s:g}s"
         config = {
