@@ -8,7 +8,7 @@ turns SIGTERM/SIGINT into a graceful shutdown and maps errors to exit codes:
 * 3: fenced by another instance with the same identity;
 * 4: source data lost (refused to skip);
 * 5: a cluster did not answer within the start-up deadline (``startup_timeout_s``);
-* 1: any other failure.
+* 1: any other failure, or a process still held 15 s after its drain (its threads' stacks on stderr).
 
 Once running, a service waits out transient faults (broker restarts, outages)
 instead of exiting: exit codes are for what a restart cannot fix.
@@ -17,6 +17,7 @@ instead of exiting: exit codes are for what a restart cannot fix.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -41,6 +42,14 @@ EXIT_DATA_LOST = 4
 EXIT_UNREACHABLE = 5
 
 _log = logging.getLogger(__name__)
+
+#: After a SIGTERM, a drain still running this long writes every thread's stack to stderr, once: each
+#: step of a drain is bounded (closes, flushes, the gRPC grace), so a longer one is a defect to read.
+DRAIN_REPORT_S = 45.0
+#: After the drain, the process must be gone within this long. Something left holding it (a
+#: non-daemon thread, a client's destructor) gets its stacks written to stderr and the process
+#: exits 1: everything was committed or aborted by then, and a replacement can start.
+EXIT_DEADLINE_S = 15.0
 
 #: Gen-0 threshold of the cyclic GC in the services (CPython's default is 700).
 #: Every consumed record allocates tracked objects (the timestamp tuple, list
@@ -137,6 +146,8 @@ def run_service(
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         _log.info("received %s: draining", signal.Signals(signum).name)
+        # C-level timer: it fires even if the main thread is wedged in a client's C call.
+        faulthandler.dump_traceback_later(DRAIN_REPORT_S)
         service.shutdown()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -183,4 +194,17 @@ def main_for(
     parser = common_parser(prog, description)
     if add_args is not None:
         add_args(parser)
-    return run_service(prog, parser.parse_args(argv), factory)
+    code = run_service(prog, parser.parse_args(argv), factory)
+    exit_within(EXIT_DEADLINE_S)
+    return code
+
+
+def exit_within(deadline_s: float) -> None:
+    """Make sure the process is gone deadline_s from now: else stacks to stderr and exit 1.
+
+    Interpreter exit joins non-daemon threads and runs Kafka clients' destructors, and either can
+    wait for ever on a wedged call. faulthandler's timer is a C thread: it needs no GIL to dump
+    every thread's stack and ``_exit``. Only for a process's main: it would end a test runner too.
+    """
+    faulthandler.cancel_dump_traceback_later()
+    faulthandler.dump_traceback_later(deadline_s, exit=True)

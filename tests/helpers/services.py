@@ -123,11 +123,21 @@ class ServiceProcess:
             self.proc.wait(30)
 
     def terminate(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM and wait for a drained exit; return the exit code."""
+        """SIGTERM and wait for a drained exit; return the exit code.
+
+        A process still running after timeout_s is killed and the test fails with its log's
+        tail (a drain past ``ferryman.service.DRAIN_REPORT_S`` has written its threads' stacks there).
+        """
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise AssertionError(
+                f"{self.kind} did not exit within {timeout_s:g} s of SIGTERM; output:\n{self.output()[-12000:]}"
+            ) from None
 
     def wait_exit(self, timeout_s: float) -> int:
         """Wait for the process to exit on its own."""
@@ -152,10 +162,8 @@ class ServiceProcess:
     def stop(self) -> None:
         """Best-effort cleanup for fixtures."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(AssertionError):  # killed by terminate
                 self.terminate(30)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 def write_flow_config(

@@ -213,6 +213,9 @@ def test_committed_watermarks_flow_back_to_the_wrapper(
 def test_both_services_serve_health_and_reflection_and_drain_on_sigterm(linked: SpecsSetup) -> None:
     pair = linked.pair
     wait_until(pair.link_up, START_TIMEOUT_S, message="link up")
+    # The link comes up as soon as the deduper's gRPC server does, before its Kafka side: serving
+    # follows (run alone, this test is the first to use the pair).
+    wait_until(lambda: health(pair.deduper_address, "") == SERVING, START_TIMEOUT_S, message="deduper serving")
     for service in ("", CONTROL_SERVICE, DEDUPER_SERVICE, FLOW_SERVICE):
         assert health(pair.deduper_address, service) == SERVING, service
     for service in ("", WRAPPER_SERVICE):
@@ -368,6 +371,26 @@ def test_a_different_minor_is_welcomed(hub_address: tuple[ControlHub, str]) -> N
     with ControlStream(address) as older:
         older.send(hello(minor=0, wrapper_id="w-older-minor"))
         assert older.receive().WhichOneof("kind") == "welcome"
+
+
+def test_the_drain_ends_every_stream_at_once_and_refuses_new_ones(hub_address: tuple[ControlHub, str]) -> None:
+    hub, address = hub_address
+    with ControlStream(address) as stream:
+        stream.send(hello(wrapper_id="w-drained"))
+        assert stream.receive().WhichOneof("kind") == "welcome"
+        started = time.monotonic()
+        hub.end_streams()
+        # Ends cleanly (no error) within a poll of the outbound queue, not at the server's grace.
+        with pytest.raises(StopIteration):
+            stream.receive()
+        assert time.monotonic() - started < PROMPT_S
+    wait_until(lambda: hub.connected_wrappers() == [], 5, message="session closed with the stream")
+
+    err, took = _refusal(address, hello(wrapper_id="w-late"))
+    assert took < PROMPT_S
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in (err.details() or "")
+    assert hub.connected_wrappers() == []
 
 
 def test_a_wrapper_of_another_flow_is_refused(hub_address: tuple[ControlHub, str]) -> None:

@@ -75,8 +75,22 @@ class ControlHub:
         #: Which wrapper last reported progress for a partition: it reads that partition now.
         self._owner: dict[PartitionKey, str] = {}
         self._paused: tuple[bool, str] = (False, "")
+        self._ended = threading.Event()
 
     # ---------------------------------------------------------- sessions
+    def end_streams(self) -> None:
+        """End every control stream and refuse new ones, for good (the drain).
+
+        Each wrapper sees its stream end and dials again, here or elsewhere,
+        instead of holding the server for the whole gRPC grace.
+        """
+        self._ended.set()
+
+    @property
+    def streams_ended(self) -> bool:
+        """True once `end_streams` was called."""
+        return self._ended.is_set()
+
     def open(self, wrapper_id: str) -> _Session:
         """Register a connected wrapper and tell it the current backpressure state."""
         session = _Session(wrapper_id)
@@ -192,6 +206,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             raise IncompatiblePeerError(
                 f"wrapper {hello.wrapper_id} runs flow {hello.flow!r} but this deduper serves {self._hub.flow!r}"
             )
+        if self._hub.streams_ended:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"deduper {self._hub.deduper_id} is shutting down")
+            return
         session = self._hub.open(hello.wrapper_id)
         reader = threading.Thread(
             target=self._read, args=(request_iterator, session), name=f"control-read-{hello.wrapper_id}", daemon=True
@@ -203,7 +220,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     version=protocol.current_version(), deduper_id=self._hub.deduper_id, flows=[self._hub.flow]
                 )
             )
-            while context.is_active() and reader.is_alive():
+            while context.is_active() and reader.is_alive() and not self._hub.streams_ended:
                 try:
                     yield session.outbound.get(timeout=_OUTBOUND_POLL_S)
                 except queue.Empty:

@@ -414,6 +414,7 @@ class Deduper:
                 self._verdicts.stop()
             self._live.stop()
             self._server.begin_drain()
+            self._hub.end_streams()
             self._close()
 
     def _set_serving(self, serving: bool) -> None:
