@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from ferryman.errors import ConfigError
 from ferryman.kafka_errors import authorization_error
+from ferryman.topics import answer
 
 _log = logging.getLogger(__name__)
 
@@ -24,12 +25,13 @@ def broker_setting(admin: AdminClient, name: str, timeout_s: float) -> str | Non
     Returns:
         The value, or None when it cannot be read (no DescribeConfigs permission: the check is skipped, logged).
     """
-    cluster = admin.describe_cluster(request_timeout=timeout_s).result(timeout=timeout_s)
+    cluster = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster")
     if not cluster.nodes:
         return None
     resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
     try:
-        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
+        futures = admin.describe_configs([resource], request_timeout=timeout_s)
+        entries = answer(futures[resource], timeout_s, "describe broker configs")
     except KafkaException as exc:
         if authorization_error(exc, operation="describe broker configs") is None:
             raise

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
@@ -29,6 +30,23 @@ from ferryman.errors import KafkaOperationError, TopicShapeError
 from ferryman.kafka_errors import authorization_error, retry_retriable
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
+    """An admin future's result within timeout_s.
+
+    Raises:
+        KafkaOperationError: no answer in time (a transient fault: the cluster is slow or away), with
+            ``concurrent.futures.TimeoutError`` as its cause. Left bare, that error is no Kafka or
+            Ferryman error, and a service loop would exit on it instead of waiting it out.
+    """
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError as exc:
+        raise KafkaOperationError(f"{what}: no answer within {timeout_s:g} s", exc) from exc
+
 
 #: Topic configs never copied to the destination: broker-specific or
 #: destination-policy settings (MirrorMaker 2's DefaultConfigPropertyFilter).
@@ -105,13 +123,8 @@ def committed_ranges(
         }
         ends: dict[str, dict[tuple[str, int], int]] = {}
         for end, futures in asked.items():
-            try:
-                # Bounded: the future of a partition without a leader may not resolve on its own.
-                ends[end] = {
-                    (tp.topic, tp.partition): fut.result(timeout=timeout_s).offset for tp, fut in futures.items()
-                }
-            except concurrent.futures.TimeoutError as exc:
-                raise KafkaOperationError(what, exc) from exc
+            # Bounded: the future of a partition without a leader may not resolve on its own.
+            ends[end] = {(tp.topic, tp.partition): answer(fut, timeout_s, what).offset for tp, fut in futures.items()}
         return {key: (ends["low"][key], ends["high"][key]) for key in ends["high"]}
 
     return retry_retriable(ask, what=what, budget_s=timeout_s)
@@ -126,7 +139,7 @@ def uuid_bytes(uuid: object) -> bytes:
 
 def cluster_id(admin: AdminClient, timeout_s: float) -> str:
     """The cluster id reported by the cluster itself."""
-    result = admin.describe_cluster(request_timeout=timeout_s).result(timeout=timeout_s)
+    result = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster")
     cid = result.cluster_id
     if not cid:
         raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "cluster reported no cluster id"))
@@ -148,7 +161,7 @@ def describe_topics(admin: AdminClient, names: Iterable[str], timeout_s: float) 
     out: dict[str, TopicInfo] = {}
     for name, fut in futures.items():
         try:
-            desc = fut.result(timeout=timeout_s)
+            desc = answer(fut, timeout_s, f"describe topic {name}")
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -168,7 +181,7 @@ def replicable_configs(admin: AdminClient, names: Iterable[str], timeout_s: floa
         return {}
     out: dict[str, dict[str, str]] = {}
     for res, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        entries = fut.result(timeout=timeout_s)
+        entries = answer(fut, timeout_s, f"describe the configs of topic {res.name}")
         out[res.name] = {
             k: e.value
             for k, e in entries.items()
@@ -214,7 +227,7 @@ def create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float)
     failed: list[tuple[str, KafkaException]] = []
     for t in new:
         try:
-            futures[t.topic].result(timeout=timeout_s)
+            answer(futures[t.topic], timeout_s, f"create topic {t.topic}")
         except KafkaException as exc:
             if not _has_code(exc, KafkaError.TOPIC_ALREADY_EXISTS):
                 failed.append((t.topic, exc))
@@ -255,7 +268,7 @@ def grow_topics(admin: AdminClient, partitions: Mapping[str, int], timeout_s: fl
     failed: list[KafkaException] = []
     for name, n in partitions.items():
         try:
-            futures[name].result(timeout=timeout_s)
+            answer(futures[name], timeout_s, f"grow topic {name}")
         except KafkaException as exc:
             if not _has_code(exc, KafkaError.INVALID_PARTITIONS):
                 failed.append(exc)
@@ -389,7 +402,11 @@ def _topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> di
             [ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout_s
         )
         return {
-            res.name: {k: e.value for k, e in fut.result(timeout=timeout_s).items() if e.value is not None}
+            res.name: {
+                k: e.value
+                for k, e in answer(fut, timeout_s, f"describe the configs of topic {res.name}").items()
+                if e.value is not None
+            }
             for res, fut in futures.items()
         }
 

@@ -75,3 +75,28 @@ def test_the_visibility_budget_outlasts_the_request_timeout(monkeypatch: pytest.
     admin = _SlowAdmin(visible_after=40)
     ensure_internal_topics(admin, _WANTED, 5.0, visible_budget_s=120.0)  # type: ignore[arg-type]
     assert admin.created == {"staging": 256}
+
+
+class _SilentAdmin:
+    """An admin whose answers never come (a frozen broker): every future stays pending."""
+
+    def describe_configs(self, resources: Iterable[Any], request_timeout: float) -> dict[Any, Future[Any]]:
+        return {r: Future() for r in resources}
+
+    def describe_topics(self, collection: Any, request_timeout: float) -> dict[str, Future[Any]]:
+        return {name: Future() for name in collection.topic_names}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda a: topics.replicable_configs(a, ["t"], 0.05), id="replicable_configs"),
+        pytest.param(lambda a: topics.describe_topics(a, ["t"], 0.05), id="describe_topics"),
+    ],
+)
+def test_an_answer_that_never_comes_is_a_transient_error_naming_the_call(call: Any) -> None:
+    # Bare, concurrent.futures.TimeoutError is neither a Kafka nor a Ferryman error: a wrapper whose
+    # assignment callback met it (a source broker frozen 9 s) exited 1 instead of waiting it out.
+    with pytest.raises(KafkaOperationError, match=r"topic t: no answer within 0\.05 s") as err:
+        call(_SilentAdmin())
+    assert is_transient(err.value)
