@@ -201,6 +201,7 @@ class FenceWindow:
         self._fences: list[float] = []
         self._consumer = 0
         self._session_lost = False
+        self._lost_at = 0.0
 
     def consumer_built(self) -> Callable[[], None]:
         """Follow a new consumer; returns the hook its log calls on a session timeout.
@@ -212,8 +213,9 @@ class FenceWindow:
         consumer = self._consumer
 
         def session_lost() -> None:
-            if consumer == self._consumer:
+            if consumer == self._consumer and not self._session_lost:
                 self._session_lost = True
+                self._lost_at = self._clock()
 
         return session_lost
 
@@ -221,6 +223,10 @@ class FenceWindow:
     def session_lost(self) -> bool:
         """The consumer's own session timed out and it has not been assigned partitions since."""
         return self._session_lost
+
+    def lost_for(self) -> float:
+        """Seconds since the consumer's own session timed out, if it has not been assigned partitions since; else 0."""
+        return self._clock() - self._lost_at if self._session_lost else 0.0
 
     def assigned(self) -> None:
         """The consumer is in the group again (an assignment): its next fence is counted."""

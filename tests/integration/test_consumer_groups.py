@@ -10,6 +10,7 @@ in chaos runs (a wrapper whose hand-over commit hung; a deduper SIGTERMed right 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupState
 from confluent_kafka.admin import AdminClient
+from ferryman_wrapper._wrapper import ORPHANED_REBUILD_S
 
 from tests.helpers.kafka import (
     KafkaCluster,
@@ -86,6 +88,51 @@ def test_a_consumer_given_up_mid_rebalance_leaves_no_partition_without_an_owner(
             assert running.wrapper.alive and second.alive
         finally:
             second.stop()
+
+
+def test_a_consumer_left_out_of_its_group_after_a_session_timeout_is_replaced_once_the_source_answers(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """After a source broker freeze librdkafka can keep a consumer out of its group for ~60 s (its
+    coordinator's handle decommissioned, held by a pending commit). The hold leaves a real consumer reading
+    nothing after its session-timeout hook (partitions paused, no rebalance) while the source answers; the
+    wrapper replaces it
+    ``ORPHANED_REBUILD_S`` later, once, and replication goes on exactly once. The nightly frozen-broker
+    test meets the defect itself."""
+    topic = unique_name("left-out")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    marker = tmp_path / "left-out"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(_HOOK), os.environ.get("PYTHONPATH", "")]),
+        "FERRYMAN_TEST_HOLD_CALL": "consumer-left-out",
+        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
+        "FERRYMAN_TEST_HOLD_AFTER": "200",
+    }
+    per_partition = 600
+    flow = unique_name("flow")
+    load = SequenceProducer(
+        source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=100
+    )
+    with running_flow(
+        source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic], wrapper_env=env
+    ) as running:
+        load.start()
+        wait_until(marker.exists, 60, message="the consumer left out of its group")
+        running.wrapper.wait_for_log("replacing the source consumer: not assigned again", ORPHANED_REBUILD_S + 30)
+        load.join(60)
+        assert load.error is None
+        total = PARTITIONS * per_partition
+        src = read_all(source_cluster.bootstrap_servers, topic, expected=total, timeout_s=30)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=total, timeout_s=60)
+        assert_exact_copy(src, dst)
+        out = running.wrapper.output()
+        waited = re.search(r"not assigned again (\d+) s after its session timed out", out)
+        assert waited is not None and int(waited.group(1)) >= ORPHANED_REBUILD_S
+        assert out.count("replacing the source consumer") == 1
+        assert running.wrapper.alive
 
 
 def _group_owners(bootstrap: str, group: str) -> tuple[ConsumerGroupState, dict[str, set[int]]]:

@@ -294,3 +294,27 @@ def test_an_authorization_failure_becomes_a_configuration_error_naming_the_resou
 def test_other_errors_are_not_authorization_failures() -> None:
     assert authorization_error(KafkaException(err(KafkaError._TRANSPORT)), operation="x") is None
     assert authorization_error(ValueError("no"), operation="x") is None
+
+
+def test_time_out_of_the_group_runs_from_the_first_session_timeout_until_an_assignment_or_a_new_consumer() -> None:
+    from ferryman.kafka_errors import FenceWindow  # noqa: PLC0415
+
+    now = [100.0]
+    window = FenceWindow(clock=lambda: now[0])
+    session_lost = window.consumer_built()
+    assert window.lost_for() == 0.0
+    session_lost()
+    now[0] += 20
+    session_lost()  # librdkafka logs SESSTMOUT again while still out: the clock keeps the first
+    now[0] += 10
+    assert window.lost_for() == 30.0
+    window.assigned()
+    assert window.lost_for() == 0.0
+    session_lost()
+    now[0] += 5
+    assert window.lost_for() == 5.0
+    old_hook = session_lost
+    window.consumer_built()  # replaced: the new consumer starts in good standing
+    assert window.lost_for() == 0.0
+    old_hook()  # the parked consumer's log speaks still: ignored
+    assert window.lost_for() == 0.0

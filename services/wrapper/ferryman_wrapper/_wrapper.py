@@ -42,7 +42,7 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
-from ferryman.health import ClusterHealth, wait_until_reachable
+from ferryman.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import (
     FenceWindow,
     authorization_error,
@@ -83,6 +83,14 @@ _CLOSE_DEADLINE_S = 15.0
 _POLL_INTERVAL_SLACK_S = 30.0
 #: Backoff between recovery attempts while a cluster is away (first quick, then capped).
 _RECOVERY_BACKOFF_S = (0.2, 5.0)
+#: A source consumer not in the group again this long after its session timed out, while the source
+#: has answered for ORPHANED_ANSWERING_S, is replaced (`_orphaned`): a rejoin once a broker is back takes
+#: a few seconds. librdkafka can leave it without a coordinator far longer: after a freeze the first
+#: metadata answer may list no broker, and the handle of the only one is decommissioned but held by a
+#: pending offset commit until that expires (~60 s; the family of librdkafka #5511). A new client has
+#: fresh handles.
+ORPHANED_REBUILD_S = 15.0
+ORPHANED_ANSWERING_S = 10.0
 
 
 class WrapperStatusServicer(control_pb2_grpc.WrapperServiceServicer):
@@ -148,6 +156,9 @@ class Wrapper:
         # raised by the loop (_check_callbacks), never retried as an outage.
         self._consumer_denied: KafkaError | None = None
         self._fences = FenceWindow()
+        self._next_orphan_probe = 0.0
+        #: Since when the source's admin client has seen brokers, while the consumer is out of the group.
+        self._answering_since: float | None = None
         self._pause_wanted: tuple[bool, str] = (False, "")
         self._paused = False
         self._watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
@@ -508,6 +519,11 @@ class Wrapper:
         elif self._commits.wedged:
             self._commits.wedged = False
             self._rebuild_consumer("a source offset commit never returned")
+        elif self._orphaned():
+            self._rebuild_consumer(
+                f"not assigned again {self._fences.lost_for():.0f} s after its session timed out, though the "
+                "source answers (librdkafka can leave a consumer without its coordinator after a broker freeze)"
+            )
         elif self._specs.recreated:
             names = ", ".join(sorted(self._specs.recreated))
             self._specs.recreated.clear()
@@ -519,6 +535,31 @@ class Wrapper:
             self._parts.resubscribe_due = ""
             self._consumer.unsubscribe()
             self._subscribe(self._subscribed)
+
+    def _orphaned(self) -> bool:
+        """The consumer is out of the group ORPHANED_REBUILD_S after its session timed out; the source answers.
+
+        The source must have answered for ORPHANED_ANSWERING_S, through the admin client, whose broker
+        handles are its own. While the source is away nothing is replaced (an outage is waited out), and
+        once it is back the consumer gets the time of a rejoin first.
+        """
+        lost_for = self._fences.lost_for()
+        if not lost_for:
+            self._answering_since = None
+            return False
+        now = time.monotonic()
+        if now >= self._next_orphan_probe:
+            self._next_orphan_probe = now + PROBE_INTERVAL_S
+            try:
+                brokers = self._specs.source_admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers
+            except KafkaException:
+                brokers = {}
+            if not brokers:
+                self._answering_since = None
+            elif self._answering_since is None:
+                self._answering_since = now
+        since = self._answering_since
+        return lost_for >= ORPHANED_REBUILD_S and since is not None and now - since >= ORPHANED_ANSWERING_S
 
     def _failed(self, exc: BaseException) -> None:
         """A step failed with a transient fault: back off, then rewind (from the loop, retried)."""

@@ -11,6 +11,11 @@ marker file:
   partitions (in the rebalance callback); once released it counts as one that never
   returned (as if the watchdog had abandoned it), and the wrapper gives its
   consumer up.
+* ``consumer-left-out``: once the wrapper has sent ``FERRYMAN_TEST_HOLD_AFTER`` records,
+  its source consumer's session-timeout hook fires (as librdkafka's ``SESSTMOUT`` line
+  makes it) and the consumer reads nothing more and is assigned nothing (its partitions
+  paused, no rebalance): how librdkafka can leave a consumer for ~60 s after a broker
+  freeze. Nothing waits for SIGUSR1; the marker says when it happened.
 
 The ``FERRYMAN_TEST_HOLD_AFTER``-th such call (default 10: replication is in
 full swing by then) creates the marker and waits, before it is made, until the
@@ -50,7 +55,30 @@ def _due() -> bool:
     return next(_calls) == _AFTER
 
 
-if _CALL in ("source-commit", "revoke-commit-wedged"):
+if _CALL == "consumer-left-out":
+    from ferryman.kafka_errors import FenceWindow
+    from ferryman_wrapper import _wrapper
+
+    _real_built = FenceWindow.consumer_built
+    _hooks: list[Callable[[], None]] = []
+
+    def _built(self: FenceWindow) -> Callable[[], None]:
+        hook = _real_built(self)
+        _hooks.append(hook)
+        return hook
+
+    _real_check = _wrapper.Wrapper._check_callbacks
+
+    def _check(self: _wrapper.Wrapper) -> None:
+        if not _MARKER.exists() and self.records_sent >= _AFTER:
+            _MARKER.touch()
+            _hooks[-1]()
+            self._consumer.pause(self._consumer.assignment())
+        _real_check(self)
+
+    FenceWindow.consumer_built = _built  # type: ignore[method-assign]
+    _wrapper.Wrapper._check_callbacks = _check  # type: ignore[method-assign]
+elif _CALL in ("source-commit", "revoke-commit-wedged"):
     from ferryman_wrapper import _commits
 
     _real_commit = _commits.SourceCommits.commit
