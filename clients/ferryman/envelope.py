@@ -384,6 +384,11 @@ def encode_batch(
     )
 
 
+#: Envelope.records (3, length-delimited) and Envelope.records_crc32c (10, fixed32): their wire tags.
+_RECORDS_TAG = b"\x1a"
+_CRC32C_TAG = b"\x55"
+
+
 def wrap_payload(
     source: envelope_pb2.SourcePartition,
     previous_offset: int,
@@ -393,29 +398,35 @@ def wrap_payload(
     wrapper_id: str,
     wrapper_epoch: int,
     trace_context: dict[str, str] | None = None,
+    record_traces: bytes = b"",
 ) -> bytes:
     """Serialize an envelope around an already serialized RecordBatch of record_count records.
 
     The checksum is CRC-32C where it is hardware-accelerated, else the legacy CRC-32
     (both verify in ``verify``); it is the one per-byte pass either service makes over
-    the records besides copying them.
+    the records besides copying them. record_traces: bytes of ``record_traces_suffix``.
+
+    The small fields go through the protobuf library and the records are joined to
+    them as wire bytes, in one copy: set into an Envelope and serialized, a 512 KB
+    payload cost ~300 us (upb's encoder; ~6 us per 10 KB record), joined ~30.
+    Parsers see an ordinary envelope (field order is free in protobuf).
     """
     env = envelope_pb2.Envelope(
         source=source,
         previous_offset=previous_offset,
-        records=payload,
         record_count=record_count,
         wrapper_id=wrapper_id,
         wrapper_epoch=wrapper_epoch,
         wrapped_at_ms=int(time.time() * 1000),
     )
     if crc32c is not None:
-        env.records_crc32c = crc32c(payload)
+        check = _CRC32C_TAG + crc32c(payload).to_bytes(4, "little")
     else:
         env.records_crc32 = zlib.crc32(payload)
+        check = b""
     if trace_context:
         env.trace_context.update(trace_context)
-    return env.SerializeToString()
+    return b"".join((env.SerializeToString(), _RECORDS_TAG, varint(len(payload)), payload, check, record_traces))
 
 
 def decode(data: bytes | None) -> DecodedEnvelope:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+import zlib
 from dataclasses import replace
 
 import pytest
@@ -72,6 +74,60 @@ def test_every_field_survives_byte_for_byte() -> None:
     assert env.source == SRC
     assert (env.wrapper_id, env.wrapper_epoch) == ("wrapper-a", 4)
     assert Seen.of_run(env.run) == [Seen.of_message(m) for m in msgs]
+
+
+def test_the_envelope_parses_as_the_protobuf_library_builds_it() -> None:
+    # The records are joined to the library-serialized small fields as wire bytes (one copy, instead of
+    # upb's encoder over the whole payload): the same message, whatever the field order.
+    msgs = [FakeMessage(o, b"k%d" % o, b"v" * o) for o in range(7, 12)]
+    (built,) = build(msgs, previous_offset=-1)
+    env = envelope_pb2.Envelope.FromString(built.value)
+    expected = envelope_pb2.Envelope(
+        source=SRC,
+        previous_offset=-1,
+        records=env.records,
+        record_count=5,
+        wrapper_id="wrapper-a",
+        wrapper_epoch=4,
+        wrapped_at_ms=env.wrapped_at_ms,
+    )
+    if envelope.crc32c is not None:
+        expected.records_crc32c = envelope.crc32c(env.records)
+    else:
+        expected.records_crc32 = zlib.crc32(env.records)
+    assert env == expected
+    assert envelope_pb2.Envelope.FromString(expected.SerializeToString()) == env
+    assert abs(env.wrapped_at_ms - time.time() * 1000) < 60_000
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_record_traces_are_written_into_each_envelope_for_its_own_records() -> None:
+    msgs = [FakeMessage(o, None, b"x" * 100) for o in range(10, 30)]
+    asked: list[tuple[int, int]] = []
+
+    def traces(after: int, upto: int) -> bytes:
+        asked.append((after, upto))
+        return envelope.record_traces_suffix([(upto, TRACEPARENT, f"upto={upto}")])
+
+    built = list(
+        build_envelopes(
+            as_messages(msgs),
+            SRC,
+            9,
+            wrapper_id="wrapper-a",
+            wrapper_epoch=4,
+            max_records=8,
+            max_bytes=512 * 1024,
+            record_traces=traces,
+        )
+    )
+    assert asked == [(9, 17), (17, 25), (25, 29)]  # each envelope's own (previous, last]
+    for b, (_, upto) in zip(built, asked, strict=True):
+        env = envelope.decode(b.value)
+        assert env.record_traces == {upto: (TRACEPARENT, f"upto={upto}")}
+        assert Seen.of_run(env.run) == [Seen.of_message(m) for m in msgs if upto - b.record_count < m.offset() <= upto]
 
 
 @pytest.mark.parametrize("others", [[], [FakeMessage(1)]], ids=["alone", "among-known-types"])

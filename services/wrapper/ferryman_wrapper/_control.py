@@ -323,7 +323,6 @@ class ResendWorker:
         resend_span = self._resend_span(request, traced) if traced is not None else None
         chunk: list[envelope_pb2.Envelope] = []
         size = 0
-        prev = request.from_offset - 1
         # The consumer started at from_offset, so no record lies between
         # from_offset - 1 and the first one read: that is the chain link.
         for built in build_envelopes(
@@ -334,13 +333,12 @@ class ResendWorker:
             wrapper_epoch=0,  # the envelope contract's mark of a resent envelope
             max_records=self._max_records,
             max_bytes=min(self._max_bytes, RESEND_CHUNK_BYTES // 2),
+            record_traces=traced.suffix if traced is not None else None,
         ):
             if chunk and size + len(built.value) > RESEND_CHUNK_BYTES:
                 self._send(link, request.request_id, chunk, done=False)
                 chunk, size = [], 0
-            value = built.value if traced is None else built.value + traced.suffix(prev, built.last_offset)
-            prev = built.last_offset
-            chunk.append(envelope_pb2.Envelope.FromString(value))
+            chunk.append(envelope_pb2.Envelope.FromString(built.value))
             size += len(built.value)
         self._send(link, request.request_id, chunk, done=True)
         if traced is not None:

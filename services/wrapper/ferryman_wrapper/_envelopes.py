@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, groupby
 from operator import add
@@ -113,6 +113,7 @@ def build_envelopes(
     wrapper_epoch: int,
     max_records: int,
     max_bytes: int,
+    record_traces: Callable[[int, int], bytes] | None = None,
 ) -> Iterator[BuiltEnvelope]:
     """Pack consecutive messages of one source partition into envelopes.
 
@@ -121,6 +122,8 @@ def build_envelopes(
     the consumer returned every committed record between them. An envelope
     holds at most max_records records and, unless a single record is larger,
     at most max_bytes of estimated record size (envelope.record_size).
+    record_traces(previous, last), when given, gives the ``record_traces`` bytes of
+    the envelope of the records after previous up to last (``RunTraces.suffix``).
 
     The compiled codec, when built, encodes each piece of max_records records
     and keeps it when it is known to fit (below). From the first piece that is
@@ -179,7 +182,13 @@ def build_envelopes(
                     continue
             last = _offset(msgs[hi - 1])
             value = envelope.wrap_payload(
-                source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch
+                source,
+                prev,
+                data,
+                hi - lo,
+                wrapper_id=wrapper_id,
+                wrapper_epoch=wrapper_epoch,
+                record_traces=record_traces(prev, last) if record_traces is not None else b"",
             )
             yield BuiltEnvelope(value, last, hi - lo)
             prev = last
@@ -195,6 +204,7 @@ def build_envelopes(
         wrapper_epoch=wrapper_epoch,
         max_records=max_records,
         max_bytes=max_bytes,
+        record_traces=record_traces,
     )
 
 
@@ -221,6 +231,7 @@ def _build_by_columns(
     wrapper_epoch: int,
     max_records: int,
     max_bytes: int,
+    record_traces: Callable[[int, int], bytes] | None,
 ) -> Iterator[BuiltEnvelope]:
     """build_envelopes in pure Python: the columns as lists, each envelope through the protobuf library."""
     n = len(messages)
@@ -252,8 +263,12 @@ def _build_by_columns(
         )
 
     def built(lo: int, hi: int, data: bytes, prev: int) -> BuiltEnvelope:
-        value = envelope.wrap_payload(source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch)
-        return BuiltEnvelope(value, offsets[hi - 1], hi - lo)
+        last = offsets[hi - 1]
+        traces = record_traces(prev, last) if record_traces is not None else b""
+        value = envelope.wrap_payload(
+            source, prev, data, hi - lo, wrapper_id=wrapper_id, wrapper_epoch=wrapper_epoch, record_traces=traces
+        )
+        return BuiltEnvelope(value, last, hi - lo)
 
     prev = previous_offset
     lo = 0

@@ -843,7 +843,6 @@ class Wrapper:
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
         produce = self._producer.produce
         traced = self._traces.start(key.topic, key.partition, run) if self._traces is not None else None
-        prev = self._parts.chain[key]
         for built in build_envelopes(
             run,
             self._parts.sources[key],
@@ -852,11 +851,10 @@ class Wrapper:
             wrapper_epoch=self._parts.epoch[key],
             max_records=self._wc.envelope_max_records,
             max_bytes=self._wc.envelope_max_bytes,
+            record_traces=traced.suffix if traced is not None else None,
         ):
             last = built.last_offset
             epoch = self._parts.epoch[key]
-            value = built.value if traced is None else built.value + traced.suffix(prev, last)
-            prev = last
 
             def on_delivery(
                 err: KafkaError | None, _msg: Message, key: PartitionKey = key, last: int = last, epoch: int = epoch
@@ -874,7 +872,7 @@ class Wrapper:
                 try:
                     produce(
                         self._names.staging_topic,
-                        value=value,
+                        value=built.value,
                         key=self._parts.staging_keys[key],
                         partition=sp,
                         on_delivery=on_delivery,
