@@ -37,7 +37,7 @@ from ferryman_local import LocalCluster, start_clusters
 
 from tests.helpers.grpc_clients import NOT_SERVING, SERVING, health, local
 from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import RunningFlow, ServiceProcess, running_flow
+from tests.helpers.services import RunningFlow, ServiceProcess, hold_env, running_flow
 from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,6 @@ pytestmark = pytest.mark.e2e
 _log = logging.getLogger(__name__)
 
 PARTITIONS = 4
-_HOOK = Path(__file__).parent.parent / "helpers" / "hold_call"
 #: The goal of issue 24: work resumes within 30 s of the broker being reachable again.
 RECOVERY_GOAL_S = 30.0
 #: How long a bounced broker stays down: a crash and a supervisor's restart.
@@ -140,14 +139,6 @@ def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProd
         assert proc.starts == 1
     assert flow.wrapper.terminate() == 0
     assert flow.deduper.terminate() == 0
-
-
-def hold_env(call: str, marker: Path) -> dict[str, str]:
-    return {
-        "PYTHONPATH": os.pathsep.join([str(_HOOK), os.environ.get("PYTHONPATH", "")]),
-        "FERRYMAN_TEST_HOLD_CALL": call,
-        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
-    }
 
 
 CASES = [

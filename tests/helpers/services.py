@@ -226,3 +226,22 @@ def running_flow(
     finally:
         wrapper.stop()
         deduper.stop()
+
+
+_HOLD_HOOK = Path(__file__).parent / "hold_call"
+
+
+def hold_env(call: str, marker: Path, *, after: int | None = None) -> dict[str, str]:
+    """Environment of a service process whose Kafka call ``call`` is held by ``tests/helpers/hold_call``.
+
+    ``marker`` is created when the call is held (or the hold happened); ``after``: the how-manyth such
+    call is held (the hook's default when None).
+    """
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(_HOLD_HOOK), os.environ.get("PYTHONPATH", "")]),
+        "FERRYMAN_TEST_HOLD_CALL": call,
+        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
+    }
+    if after is not None:
+        env["FERRYMAN_TEST_HOLD_AFTER"] = str(after)
+    return env

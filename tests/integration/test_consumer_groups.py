@@ -9,7 +9,6 @@ in chaos runs (a wrapper whose hand-over commit hung; a deduper SIGTERMed right 
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import time
@@ -29,12 +28,11 @@ from tests.helpers.kafka import (
     read_all,
     wait_until,
 )
-from tests.helpers.services import ServiceProcess, running_flow
+from tests.helpers.services import ServiceProcess, hold_env, running_flow
 from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.integration
 
-_HOOK = Path(__file__).parent.parent / "helpers" / "hold_call"
 PARTITIONS = 4
 
 
@@ -47,11 +45,7 @@ def test_a_consumer_given_up_mid_rebalance_leaves_no_partition_without_an_owner(
     topic = unique_name("orphans")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     marker = tmp_path / "held"
-    held_env = {
-        "PYTHONPATH": os.pathsep.join([str(_HOOK), os.environ.get("PYTHONPATH", "")]),
-        "FERRYMAN_TEST_HOLD_CALL": "revoke-commit-wedged",
-        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
-    }
+    held_env = hold_env("revoke-commit-wedged", marker)
     flow = unique_name("flow")
     before = SequenceProducer(source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=200, rate_per_s=400)
     with running_flow(
@@ -99,18 +93,12 @@ def test_a_consumer_left_out_of_its_group_after_a_session_timeout_is_replaced_on
     """After a source broker freeze librdkafka can keep a consumer out of its group for ~60 s (its
     coordinator's handle decommissioned, held by a pending commit). The hold leaves a real consumer reading
     nothing after its session-timeout hook (partitions paused, no rebalance) while the source answers; the
-    wrapper replaces it
-    ``ORPHANED_REBUILD_S`` later, once, and replication goes on exactly once. The nightly frozen-broker
-    test meets the defect itself."""
+    wrapper replaces it ``ORPHANED_REBUILD_S`` later, once, and replication goes on exactly once. The
+    nightly frozen-broker test meets the defect itself."""
     topic = unique_name("left-out")
     create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
     marker = tmp_path / "left-out"
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(_HOOK), os.environ.get("PYTHONPATH", "")]),
-        "FERRYMAN_TEST_HOLD_CALL": "consumer-left-out",
-        "FERRYMAN_TEST_HOLD_MARKER": str(marker),
-        "FERRYMAN_TEST_HOLD_AFTER": "200",
-    }
+    env = hold_env("consumer-left-out", marker, after=200)
     per_partition = 600
     flow = unique_name("flow")
     load = SequenceProducer(
