@@ -200,8 +200,8 @@ class FenceWindow:
         self._clock = clock
         self._fences: list[float] = []
         self._consumer = 0
-        self._session_lost = False
-        self._lost_at = 0.0
+        #: When the consumer's own session timed out (None: in good standing since its last assignment).
+        self._lost_at: float | None = None
 
     def consumer_built(self) -> Callable[[], None]:
         """Follow a new consumer; returns the hook its log calls on a session timeout.
@@ -209,12 +209,11 @@ class FenceWindow:
         A replaced consumer is parked, not closed, so its log can still speak: its hook does nothing.
         """
         self._consumer += 1
-        self._session_lost = False
+        self._lost_at = None
         consumer = self._consumer
 
         def session_lost() -> None:
-            if consumer == self._consumer and not self._session_lost:
-                self._session_lost = True
+            if consumer == self._consumer and self._lost_at is None:
                 self._lost_at = self._clock()
 
         return session_lost
@@ -222,15 +221,15 @@ class FenceWindow:
     @property
     def session_lost(self) -> bool:
         """The consumer's own session timed out and it has not been assigned partitions since."""
-        return self._session_lost
+        return self._lost_at is not None
 
     def lost_for(self) -> float:
         """Seconds since the consumer's own session timed out, if it has not been assigned partitions since; else 0."""
-        return self._clock() - self._lost_at if self._session_lost else 0.0
+        return 0.0 if self._lost_at is None else self._clock() - self._lost_at
 
     def assigned(self) -> None:
         """The consumer is in the group again (an assignment): its next fence is counted."""
-        self._session_lost = False
+        self._lost_at = None
 
     def twin(self) -> bool:
         """Record a fence now; True if another one fell within the window (ours are not recorded)."""

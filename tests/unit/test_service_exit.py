@@ -9,11 +9,11 @@ import time
 
 _WEDGED = textwrap.dedent(
     """
-    import threading, time
+    import threading
     from ferryman.service import exit_within
 
     def wedged_in_a_client_call():
-        time.sleep(3600)
+        threading.Event().wait()  # never set: a call that never returns
 
     threading.Thread(target=wedged_in_a_client_call, name="wedged").start()  # non-daemon: joined at exit
     exit_within({deadline})
