@@ -127,6 +127,26 @@ def test_restart_and_crash_keep_committed_data(tmp_path: Path) -> None:
         assert cluster.pid is None
 
 
+def test_a_new_partitions_index_files_are_small(tmp_path: Path) -> None:
+    """The broker takes the harness's index cap: a new segment's sparse index files are 256 KiB, not 10 MiB.
+
+    How far the kernel reads (and zero-fills) around the fault of a first index entry is bounded by the
+    file's size (docs/notes.md, "Index files and read-ahead").
+    """
+    cap = int(ferryman_local.SINGLE_NODE_PROPERTIES["log.index.size.max.bytes"])
+    assert cap == 256 * 1024
+    with LocalCluster.start("indexes", work_dir=tmp_path / "indexes") as cluster:
+        create_topic(cluster.bootstrap_servers, "fresh", 1)
+        segment = cluster.data_dir / "fresh-0"
+
+        def index_sizes() -> dict[str, int]:
+            return {f.suffix: f.stat().st_size for f in segment.glob("*") if f.suffix in (".index", ".timeindex")}
+
+        wait_until(lambda: len(index_sizes()) == 2, 30, message=f"index files in {segment}")
+        sizes = index_sizes()  # read while the broker runs: a clean stop trims them to their entries
+    assert sizes == {".index": cap // 8 * 8, ".timeindex": cap // 12 * 12}, sizes
+
+
 def _cli(base_dir: Path) -> subprocess.Popen[str]:
     # The packages' parent dirs, for a child that may not have them installed.
     roots = {str(Path(m.__file__ or "").resolve().parents[1]) for m in (ferryman, ferryman_local)}
