@@ -71,7 +71,7 @@ SINGLE_NODE_PROPERTIES: Mapping[str, str] = {
     # the broker memory-maps; the first entry written faults the page in, and the kernel reads around
     # the fault as far as the block device's read-ahead goes (8 MiB on the VMs here, 128 KiB on most
     # servers), zero-filling the holes. At 10 MiB every new partition put 16 MiB of zeros in the page
-    # cache: 1,000 partitions cost the broker 2.5-14.5 s of kernel CPU, and a bench run that leaves
+    # cache: 500 new partitions cost the broker 2.5-14.5 s of kernel CPU, and a bench run that leaves
     # ~10,000 partitions on a broker filled the memory (1 MiB still did); 256 KiB is ~5 GB then
     # (docs/notes.md, "Index files and read-ahead").
     "log.index.size.max.bytes": str(256 * 1024),
