@@ -66,14 +66,10 @@ SINGLE_NODE_PROPERTIES: Mapping[str, str] = {
     # 2-core machines: fewer threads than the defaults (3 network, 8 I/O).
     "num.network.threads": "2",
     "num.io.threads": "4",
-    # Index files of 256 KiB instead of 10 MiB (a segment then rolls after ~21 k time-index entries,
-    # ~85 MiB of log at one entry per 4 KiB). A partition's offset and time indexes are sparse files
-    # the broker memory-maps; the first entry written faults the page in, and the kernel reads around
-    # the fault as far as the block device's read-ahead goes (8 MiB on the VMs here, 128 KiB on most
-    # servers), zero-filling the holes. At 10 MiB every new partition put 16 MiB of zeros in the page
-    # cache: 500 new partitions cost the broker 2.5-14.5 s of kernel CPU, and a bench run that leaves
-    # ~10,000 partitions on a broker filled the memory (1 MiB still did); 256 KiB is ~5 GB then
-    # (docs/notes.md, "Index files and read-ahead").
+    # Index files of 256 KiB instead of 10 MiB (a segment then rolls after ~85 MiB of log). The broker
+    # memory-maps them sparse; a first entry faults, and the kernel zero-fills as far around it as the
+    # block device reads ahead (8 MiB on the VMs here): at 10 MiB, 16 MiB of page cache per new partition,
+    # most of the broker's CPU at 1,000 partitions (docs/notes.md, "Index files and read-ahead").
     "log.index.size.max.bytes": str(256 * 1024),
 }
 """Broker settings every local cluster gets (extra properties override them)."""
