@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState
+from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
+from ferryman.group_close import JoinTracker, close_group_consumer
 from ferryman_wrapper._wrapper import ORPHANED_REBUILD_S
 
 from tests.helpers.kafka import (
@@ -205,3 +207,46 @@ def test_a_deduper_restarted_mid_rebalance_leaves_no_staging_partition_without_a
             assert_exact_copy(src, read_all(dst, f"src.{topic}", expected=PARTITIONS * 200, timeout_s=90))
         finally:
             second.stop()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.2])
+def test_a_consumer_closed_during_its_join_takes_its_assignment_before_it_closes(
+    source_cluster: KafkaCluster, unique_name: Callable[[str], str], delay_s: float
+) -> None:
+    """librdkafka #4884: a close() that serves an assign callback can hang for good holding the GIL.
+
+    Closed soon after subscribe(), never polled: its join is in flight, so without the settle close() itself
+    would serve the assignment (on close_or_park's worker thread), which hung a deduper's drain in CI and 2
+    of 12 such closes stand-alone. With it, the assign callback runs in a poll on this thread, before close().
+    """
+    topic = unique_name("joinclose")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    joins = JoinTracker()
+    calls: list[tuple[str, int, str]] = []
+
+    def on_assign(consumer: Consumer, parts: list[TopicPartition]) -> None:
+        joins.assigned()
+        calls.append(("assign", len(parts), threading.current_thread().name))
+        consumer.incremental_assign(parts)
+
+    def on_revoke(_consumer: Consumer, parts: list[TopicPartition]) -> None:
+        joins.revoked()
+        calls.append(("revoke", len(parts), threading.current_thread().name))
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": source_cluster.bootstrap_servers,
+            "group.id": unique_name("joinclose"),
+            "group.instance.id": "m1",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+        }
+    )
+    joins.subscribed()
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+    time.sleep(delay_s)  # the close meets the join at different moments
+    started = time.monotonic()
+    close_group_consumer(consumer, joins, what="closing the test consumer", deadline_s=15)
+    assert time.monotonic() - started < 15, calls
+    assert calls[0] == ("assign", PARTITIONS, threading.current_thread().name), calls
+    assert [c[0] for c in calls] == ["assign", "revoke"], calls  # close() revoked what the poll assigned

@@ -31,11 +31,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from ferryman import envelope, topics
 from ferryman.errors import FencedError, KafkaOperationError
+from ferryman.group_close import JoinTracker, close_group_consumer
 from ferryman.health import ClusterHealth
 from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, retry_retriable
 from ferryman.state import PartitionKey, read_compacted
 from ferryman.v1 import control_pb2, state_pb2
-from ferryman.watchdog import close_or_park, park
+from ferryman.watchdog import park
 
 from ferryman_deduper._decide import PartitionState
 
@@ -83,6 +84,7 @@ class StagingPartitions:
         self.callback_failure: BaseException | None = None
         self.consumer_rebuilds = 0
         self._first_assignment = False
+        self._joins = JoinTracker()
         self.rejoin_due = False
         """The loop must rejoin the group (``rejoin``): set by a new consumer's first assignment.
 
@@ -106,6 +108,7 @@ class StagingPartitions:
         self._subscribe()
 
     def _subscribe(self) -> None:
+        self._joins.subscribed()
         self.consumer.subscribe(
             [self._staging_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -307,6 +310,7 @@ class StagingPartitions:
             self.callback_failure = exc
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._joins.assigned()
         self.fences.assigned()  # in the group again: a fence from now on is counted
         if self._first_assignment:
             self._first_assignment = False
@@ -330,9 +334,11 @@ class StagingPartitions:
         _log.info("assigned staging partitions %s; restoring their state before processing", parts)
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._joins.revoked()
         self._guard("partition revocation", lambda p: self._revoke(p, lost=False), partitions)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._joins.revoked()
         self._guard("partition loss", lambda p: self._revoke(p, lost=True), partitions)
 
     def _revoke(self, partitions: list[TopicPartition], *, lost: bool) -> None:
@@ -346,9 +352,12 @@ class StagingPartitions:
         )
 
     def close(self) -> None:
-        """Close the consumer (static member: the group keeps our partitions for a quick restart)."""
+        """Close the consumer (static member: the group keeps our partitions for a quick restart).
+
+        An assignment on its way is taken first (``ferryman.group_close``); its partitions stay paused.
+        """
         if self._consumer_fatal is not None:
             return  # its close() would never return (ferryman.watchdog.park); the process is exiting
-        close_or_park(
-            self.consumer.close, self.consumer, what="closing the staging consumer", deadline_s=CLOSE_DEADLINE_S
+        close_group_consumer(
+            self.consumer, self._joins, what="closing the staging consumer", deadline_s=CLOSE_DEADLINE_S
         )

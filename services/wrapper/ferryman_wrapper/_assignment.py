@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 from ferryman.errors import FerrymanError
+from ferryman.group_close import JoinTracker
 from ferryman.kafka_errors import is_transient, retry_retriable
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
@@ -64,6 +65,8 @@ class SourcePartitions:
         self.callback_failure: BaseException | None = None
         self.resubscribe_due = ""
         """Why the loop must leave and rejoin the group ("" when it need not)."""
+        self.joins = JoinTracker()
+        """Whether an assign callback is on its way (``ferryman.group_close``): subscribing calls it too."""
         self.rejoin_after_first_assignment = False
         """Set for a new static member: its first assignment is followed by a rejoin (see ``on_assign``)."""
 
@@ -101,6 +104,7 @@ class SourcePartitions:
         on half the partitions; for ever in a probe). So its first assignment is followed by one rejoin,
         which assigns them.
         """
+        self.joins.assigned()
         if self.rejoin_after_first_assignment:
             self.rejoin_after_first_assignment = False
             self.resubscribe_due = "a new static member rejoins once so that no partition is left without an owner"
@@ -182,6 +186,7 @@ class SourcePartitions:
 
     def on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebalance callback: hand over cleanly (everything sent acknowledged and committed)."""
+        self.joins.revoked()
         keys = [PartitionKey(tp.topic, tp.partition) for tp in partitions]
         try:
             self._hand_over(keys)
@@ -191,5 +196,6 @@ class SourcePartitions:
 
     def on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebalance callback: the session expired; the next owner (maybe us again) re-sends."""
+        self.joins.revoked()
         _log.warning("lost %d source partitions (session expired); the next owner re-sends", len(partitions))
         self.drop([PartitionKey(tp.topic, tp.partition) for tp in partitions])

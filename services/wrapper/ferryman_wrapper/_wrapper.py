@@ -42,6 +42,7 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
+from ferryman.group_close import close_group_consumer
 from ferryman.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import (
     FenceWindow,
@@ -59,7 +60,7 @@ from ferryman.status import package_version
 from ferryman.topics import InternalTopic
 from ferryman.tracing import start_tracing
 from ferryman.v1 import control_pb2, control_pb2_grpc, state_pb2
-from ferryman.watchdog import close_or_park, park
+from ferryman.watchdog import park
 
 from ferryman_wrapper._assignment import SourcePartitions
 from ferryman_wrapper._commits import SYNC_COMMIT_BUDGET_S, SourceCommits
@@ -361,11 +362,13 @@ class Wrapper:
     def _subscribe(self, names: list[str]) -> None:
         self._subscribed = names
         if names:
+            self._parts.joins.subscribed()
             self._consumer.subscribe(
                 names, on_assign=self._on_assign, on_revoke=self._parts.on_revoke, on_lost=self._parts.on_lost
             )
             _log.info("subscribed to %d source topics: %s", len(names), ", ".join(names[:20]))
         else:
+            self._parts.joins.unsubscribed()
             self._consumer.unsubscribe()
             _log.warning("no source topic matches flow %s yet", self._flow.name)
 
@@ -592,9 +595,9 @@ class Wrapper:
             _log.warning("final commit failed (%s); uncommitted records will be re-sent", exc)
         finally:
             if self._consumer_fatal is None:
-                close_or_park(
-                    self._consumer.close,
+                close_group_consumer(
                     self._consumer,
+                    self._parts.joins,
                     what="closing the source consumer",
                     deadline_s=_CLOSE_DEADLINE_S,
                 )
