@@ -108,7 +108,7 @@ from bench.report import (
 )
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
-from bench.topics import create_topics, describe
+from bench.topics import create_topics, delete_topics, describe, list_topics
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
 
@@ -205,6 +205,8 @@ class BenchConfig:
     """Keep the data of the clusters the run started (deleted by default: gigabytes per run)."""
     json_path: Path | None
     """Where to write the raw figures, if anywhere."""
+    drop_copies: bool = False
+    """Delete the topics each row created, on both clusters, once it is audited (``--drop-copies``)."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,13 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         action="store_true",
         help="keep the data of the clusters this run starts (default: deleted at the end, logs kept)",
     )
+    ap.add_argument(
+        "--drop-copies",
+        action="store_true",
+        help="delete the topics each row created (its copies, internal and latency topics) on both clusters once "
+        "it is audited, so that every row and round meets brokers holding the same partitions (default: kept; "
+        "at 1,000 partitions each row and round leaves 1,000 more)",
+    )
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
     scenario = ap.parse_known_args(argv)[0].scenario
@@ -402,6 +411,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         destination=args.destination,
         work_dir=args.dir,
         keep_data=args.keep_data,
+        drop_copies=args.drop_copies,
         json_path=args.json,
     )
 
@@ -670,6 +680,7 @@ def _run_row(
         return result
     result.settings = dict(row.settings())
     result.placement = row.placement()
+    existing = {side: list_topics(side) for side in (stage.source, stage.destination)} if cfg.drop_copies else {}
     try:
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
@@ -680,9 +691,24 @@ def _run_row(
             result.verdict = _verdict(stage, row)
     except Exception as exc:  # a broken row is reported, the next row still runs
         result.fail(f"{type(exc).__name__}: {exc}")
+    if existing:
+        _drop_copies(cls.name, existing)
     _judge(result)
     _log(f"{cls.name}: {result.status}" + (f" ({'; '.join(result.reasons)})" if result.reasons else ""))
     return result
+
+
+def _drop_copies(row: str, existing: Mapping[str, set[str]]) -> None:
+    """Delete the topics a row created on each cluster (named by bootstrap in ``existing``, with its topics before)."""
+    for bootstrap, before in existing.items():
+        try:
+            created = list_topics(bootstrap) - before
+            partitions = delete_topics(bootstrap, created)
+        except Exception as exc:  # the next row meets more partitions, as without --drop-copies
+            _log(f"{row}: dropping its topics on {bootstrap} failed: {type(exc).__name__}: {exc}")
+            continue
+        if created:
+            _log(f"{row}: dropped the {len(created)} topics ({partitions:,} partitions) it created on {bootstrap}")
 
 
 _T = TypeVar("_T")
@@ -1014,7 +1040,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.source and cfg.destination:
             source, destination, broker_pids = cfg.source, cfg.destination, []
         else:
-            clusters = start_clusters(["source", "destination"], base_dir=base / "clusters")
+            # Deleted topics' files go after 1 s instead of 60: the next row must not meet them.
+            dropped = {"file.delete.delay.ms": "1000"} if cfg.drop_copies else None
+            clusters = start_clusters(["source", "destination"], base_dir=base / "clusters", extra_properties=dropped)
             source, destination = clusters[0].bootstrap_servers, clusters[1].bootstrap_servers
             broker_pids = [c.pid for c in clusters if c.pid is not None]
             _log(f"clusters up: source {source}, destination {destination}")

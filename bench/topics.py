@@ -1,13 +1,19 @@
-"""The bench's topics: creating them, and naming a list of them in a log line (one home for both)."""
+"""The bench's topics: creating, listing and deleting them, and naming a list of them in a log line."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
 #: Budget for the broker to create the topics.
 _CREATE_TIMEOUT_S = 30.0
+#: Budget for the broker to delete topics and for its metadata to stop naming them (a row's copies at 1,000
+#: partitions went in a few seconds here).
+_DELETE_TIMEOUT_S = 120.0
+#: Between two looks at the metadata while topics are being deleted.
+_DELETE_POLL_S = 0.5
 
 
 def create_topics(
@@ -19,6 +25,29 @@ def create_topics(
     new = [NewTopic(t, partitions, 1, config=dict(config or {})) for t in topics]
     for future in admin.create_topics(new, operation_timeout=_CREATE_TIMEOUT_S).values():
         future.result(_CREATE_TIMEOUT_S)
+
+
+def list_topics(bootstrap: str) -> set[str]:
+    """Every topic of the cluster, internal ones included."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    return set(admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics)
+
+
+def delete_topics(bootstrap: str, topics: Collection[str]) -> int:
+    """Delete ``topics`` and wait until the metadata names none of them; return their partition count."""
+    if not topics:
+        return 0
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    known = admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics
+    partitions = sum(len(known[t].partitions) for t in topics if t in known)
+    for future in admin.delete_topics(sorted(topics), operation_timeout=_DELETE_TIMEOUT_S).values():
+        future.result(_DELETE_TIMEOUT_S)
+    deadline = time.monotonic() + _DELETE_TIMEOUT_S
+    while set(topics) & set(admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics still listed {_DELETE_TIMEOUT_S:g} s after their deletion")
+        time.sleep(_DELETE_POLL_S)
+    return partitions
 
 
 def describe(topics: Sequence[str]) -> str:
