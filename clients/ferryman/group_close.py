@@ -27,8 +27,9 @@ _log = logging.getLogger(__name__)
 
 #: How long a closing consumer waits for an assignment on its way. A join answers within a second here
 #: once every member has joined; a new group adds the broker's ``group.initial.rebalance.delay.ms``
-#: (3 s by default). Past this the consumer is closed anyway.
-SETTLE_S = 10.0
+#: (3 s by default). Past this the consumer is closed anyway: short, because a cluster that is away
+#: (a drain during an outage) sends no assignment at all, and the drain's other steps wait for it too.
+SETTLE_S = 5.0
 #: One poll while settling: short, so that the wait ends soon after the assign callback ran.
 _POLL_S = 0.1
 
