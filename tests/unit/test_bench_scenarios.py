@@ -22,12 +22,16 @@ def test_a_scenario_sets_its_shape() -> None:
     assert (out.partitions, out.options.wrapper_procs, out.options.deduper_procs) == (256, 2, 2)
     topics = _parse(["--scenario", "topics"])
     assert (topics.topics, topics.partitions, topics.records) == (100, 10, 1_000_000)
+    # The many-partition shapes delete each row's topics once audited; the default run keeps them.
+    assert cfg.drop_copies and out.drop_copies and topics.drop_copies
+    assert not large.drop_copies and not _parse([]).drop_copies
 
 
 def test_explicit_options_override_the_scenario() -> None:
     cfg = _parse(["--scenario", "large", "--value-bytes", "102400", "--records", "20000"])
     assert (cfg.records, cfg.value_bytes) == (20_000, 102_400)
     assert _parse(["--scenario", "partitions", "--partitions", "64"]).partitions == 64
+    assert not _parse(["--scenario", "topics", "--no-drop-copies"]).drop_copies
 
 
 def test_one_source_topic_by_default_and_as_many_as_asked() -> None:
