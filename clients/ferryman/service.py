@@ -8,7 +8,8 @@ turns SIGTERM/SIGINT into a graceful shutdown and maps errors to exit codes:
 * 3: fenced by another instance with the same identity;
 * 4: source data lost (refused to skip);
 * 5: a cluster did not answer within the start-up deadline (``startup_timeout_s``);
-* 1: any other failure, or a process still held 15 s after its drain (its threads' stacks on stderr).
+* 1: any other failure, or a process still held 15 s after its drain (its threads' stacks on stderr);
+* killed by SIGALRM (142 in a shell): a drain still running 120 s after the SIGTERM (``DRAIN_KILL_S``).
 
 Once running, a service waits out transient faults (broker restarts, outages)
 instead of exiting: exit codes are for what a restart cannot fix.
@@ -46,6 +47,12 @@ _log = logging.getLogger(__name__)
 #: After a SIGTERM, a drain still running this long writes every thread's stack to stderr, once: each
 #: step of a drain is bounded (closes, flushes, the gRPC grace), so a longer one is a defect to read.
 DRAIN_REPORT_S = 45.0
+#: After a SIGTERM, a drain still running this long ends the process by SIGALRM, whose default action needs
+#: no GIL: a client's C call that waits for ever holding it (librdkafka #4884, see ``ferryman.group_close``)
+#: keeps every deadline in Python from firing. As after kill -9, the coordinator aborts the open transaction
+#: and a replacement re-reads from the last commit. Above the longest bounded drain (a wrapper flushing for
+#: ``shutdown_timeout_s``, 30 s, a commit, a consumer's settle and close, 5 + 15 s).
+DRAIN_KILL_S = 120.0
 #: After the drain, the process must be gone within this long. Something left holding it (a
 #: non-daemon thread, a client's destructor) gets its stacks written to stderr and the process
 #: exits 1: everything was committed or aborted by then, and a replacement can start.
@@ -144,10 +151,14 @@ def run_service(
         print(f"{name}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
+    draining = False
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        nonlocal draining
         _log.info("received %s: draining", signal.Signals(signum).name)
-        # C-level timer: it fires even if the main thread is wedged in a client's C call.
-        faulthandler.dump_traceback_later(DRAIN_REPORT_S)
+        if not draining:  # a second signal does not push the deadlines back
+            draining = True
+            arm_drain_deadlines()
         service.shutdown()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -199,6 +210,17 @@ def main_for(
     return code
 
 
+def arm_drain_deadlines(report_s: float = DRAIN_REPORT_S, kill_s: float = DRAIN_KILL_S) -> None:
+    """At report_s every thread's stack goes to stderr, at kill_s the process ends by SIGALRM.
+
+    Both fire without the GIL: faulthandler's timer is a C thread, and SIGALRM's default action is the
+    kernel's. Only for a process's main, as ``exit_within``.
+    """
+    faulthandler.dump_traceback_later(report_s)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, kill_s)
+
+
 def exit_within(deadline_s: float) -> None:
     """Make sure the process is gone deadline_s from now: else stacks to stderr and exit 1.
 
@@ -206,5 +228,6 @@ def exit_within(deadline_s: float) -> None:
     wait for ever on a wedged call. faulthandler's timer is a C thread: it needs no GIL to dump
     every thread's stack and ``_exit``. Only for a process's main: it would end a test runner too.
     """
+    signal.setitimer(signal.ITIMER_REAL, 0)  # the drain is over: this deadline replaces DRAIN_KILL_S
     faulthandler.cancel_dump_traceback_later()
     faulthandler.dump_traceback_later(deadline_s, exit=True)

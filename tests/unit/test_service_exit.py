@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -39,3 +40,25 @@ def test_a_clean_exit_is_not_delayed_by_the_deadline() -> None:
     done, took = _run("from ferryman.service import exit_within\nexit_within(30)\nprint('bye')")
     assert (done.returncode, done.stdout, done.stderr) == (0, "bye\n", "")
     assert took < 20
+
+
+_HOLDING_THE_GIL = textwrap.dedent(
+    """
+    import ctypes
+    from ferryman.service import arm_drain_deadlines
+
+    arm_drain_deadlines(report_s=0.5, kill_s=1.5)
+    # A C call that waits holding the GIL, as confluent-kafka's rebalance fallback in librdkafka #4884:
+    # through PyDLL the GIL is not released, so no Python code (no handler, no deadline) runs again.
+    ctypes.PyDLL(None).sleep(60)
+    print("never")
+    """
+)
+
+
+def test_a_drain_wedged_holding_the_gil_is_reported_then_ended_by_sigalrm() -> None:
+    done, took = _run(_HOLDING_THE_GIL)
+    assert done.returncode == -signal.SIGALRM
+    assert 1.5 <= took < 20
+    assert "Timeout (0:00:00.500000)!" in done.stderr  # the stacks at report_s, written without the GIL
+    assert "never" not in done.stdout
