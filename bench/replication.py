@@ -683,8 +683,10 @@ def _run_row(
         return result
     result.settings = dict(row.settings())
     result.placement = row.placement()
-    existing = {side: list_topics(side) for side in (stage.source, stage.destination)} if cfg.drop_copies else {}
+    existing: dict[str, set[str]] = {}  # each cluster's topics before the row (--drop-copies)
     try:
+        if cfg.drop_copies:
+            existing = {side: list_topics(side) for side in (stage.source, stage.destination)}
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
             _create_topics(stage.source, [lat_topic], cfg.partitions, SOURCE_TOPIC_CONFIG)
