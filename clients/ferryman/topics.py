@@ -8,6 +8,7 @@ classification) or as Ferryman errors where the meaning is ours.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import re
 import time
@@ -32,6 +33,9 @@ from ferryman.kafka_errors import authorization_error, retry_retriable
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Budget of the metadata request that refreshes a partition librdkafka calls unknown (one round trip).
+_METADATA_REFRESH_S = 5.0
 
 
 def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
@@ -83,12 +87,25 @@ def watermark_offsets(consumer: Consumer, topic: str, partition: int, *, budget_
     High is the last stable offset for a read_committed consumer. A topic created
     a moment ago may have no leader yet; such errors come from this call with the
     code only, and are retried within budget_s (``retry_retriable``).
+
+    An unknown partition is asked for afresh before the next try: librdkafka answers
+    it from its metadata cache, which a broker's first answer after a freeze can leave
+    without the topic's partitions for good (a CI run: a deduper's restore consumer
+    got ``_UNKNOWN_PARTITION`` for its whole 30 s budget after the destination broker
+    thawed; a new consumer read the same partitions at once).
     """
-    return retry_retriable(
-        lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=budget_s),
-        what=f"reading the offsets of {topic} [{partition}]",
-        budget_s=budget_s,
-    )
+    tp = TopicPartition(topic, partition)
+
+    def ask() -> tuple[int, int]:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=budget_s)
+        except KafkaException as exc:
+            if _has_code(exc, KafkaError._UNKNOWN_PARTITION):
+                with contextlib.suppress(KafkaException):  # a metadata request for the topic refreshes the cache
+                    consumer.list_topics(topic, timeout=min(budget_s, _METADATA_REFRESH_S))
+            raise
+
+    return retry_retriable(ask, what=f"reading the offsets of {topic} [{partition}]", budget_s=budget_s)
 
 
 def committed_ranges(
