@@ -686,7 +686,7 @@ def _run_row(
     existing: dict[str, set[str]] = {}  # each cluster's topics before the row (--drop-copies)
     try:
         if cfg.drop_copies:
-            existing = {side: list_topics(side) for side in (stage.source, stage.destination)}
+            existing = {side: set(list_topics(side)) for side in (stage.source, stage.destination)}
         with contextlib.ExitStack() as cleanup:  # unwinds in reverse: watcher, samplers, then the row
             cleanup.callback(row.stop, _STOP_GRACE_S)
             _create_topics(stage.source, [lat_topic], cfg.partitions, SOURCE_TOPIC_CONFIG)
@@ -707,8 +707,9 @@ def _drop_copies(row: str, existing: Mapping[str, set[str]]) -> None:
     """Delete the topics a row created on each cluster (named by bootstrap in ``existing``, with its topics before)."""
     for bootstrap, before in existing.items():
         try:
-            created = list_topics(bootstrap) - before
-            partitions = delete_topics(bootstrap, created)
+            created = {name: n for name, n in list_topics(bootstrap).items() if name not in before}
+            delete_topics(bootstrap, created)
+            partitions = sum(created.values())
         except Exception as exc:  # the next row meets more partitions, as without --drop-copies
             _log(f"{row}: dropping its topics on {bootstrap} failed: {type(exc).__name__}: {exc}")
             continue

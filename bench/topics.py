@@ -27,19 +27,17 @@ def create_topics(
         future.result(_CREATE_TIMEOUT_S)
 
 
-def list_topics(bootstrap: str) -> set[str]:
-    """Every topic of the cluster, internal ones included."""
+def list_topics(bootstrap: str) -> dict[str, int]:
+    """Every topic of the cluster, internal ones included, with its partition count."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-    return set(admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics)
+    return {name: len(t.partitions) for name, t in admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics.items()}
 
 
-def delete_topics(bootstrap: str, topics: Collection[str]) -> int:
-    """Delete ``topics`` and wait until the metadata names none of them; return their partition count."""
+def delete_topics(bootstrap: str, topics: Collection[str]) -> None:
+    """Delete ``topics`` and wait until the metadata names none of them."""
     if not topics:
-        return 0
+        return
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-    known = admin.list_topics(timeout=_CREATE_TIMEOUT_S).topics
-    partitions = sum(len(known[t].partitions) for t in topics if t in known)
     for future in admin.delete_topics(sorted(topics), operation_timeout=_DELETE_TIMEOUT_S).values():
         future.result(_DELETE_TIMEOUT_S)
     deadline = time.monotonic() + _DELETE_TIMEOUT_S
@@ -47,7 +45,6 @@ def delete_topics(bootstrap: str, topics: Collection[str]) -> int:
         if time.monotonic() > deadline:
             raise TimeoutError(f"topics still listed {_DELETE_TIMEOUT_S:g} s after their deletion")
         time.sleep(_DELETE_POLL_S)
-    return partitions
 
 
 def describe(topics: Sequence[str]) -> str:
