@@ -147,6 +147,36 @@ def has_error_events(list messages):
     return False
 
 
+# batch_flags bits.
+BATCH_ERRORS = 1
+BATCH_HEADERS = 2
+
+
+def batch_flags(list messages):
+    """What a consumed batch holds, in one pass: ``BATCH_ERRORS`` | ``BATCH_HEADERS`` bits.
+
+    BATCH_ERRORS: an error event (as `has_error_events`). BATCH_HEADERS: a record
+    with headers, found as `header_indexes` finds them (headers not yet Python
+    objects count); the tracer looks for trace context only in such batches.
+    """
+    cdef Py_ssize_t i
+    cdef KafkaMessage* c
+    cdef int flags = 0
+    for i in range(PyList_GET_SIZE(messages)):
+        m = <object>PyList_GET_ITEM(messages, i)
+        if _readable(m):
+            c = <KafkaMessage*><PyObject*>m
+            if _is_error_event(c):
+                flags |= BATCH_ERRORS
+            elif c.c_headers != NULL or (c.headers != NULL and c.headers != <PyObject*>None and <object>c.headers):
+                flags |= BATCH_HEADERS
+        elif m.error() is not None:
+            flags |= BATCH_ERRORS
+        elif _headers(m):
+            flags |= BATCH_HEADERS
+    return flags
+
+
 def partition_chunks(list messages):
     """The runs of consecutive messages from one topic partition, as (topic, partition, lo, hi), or None.
 

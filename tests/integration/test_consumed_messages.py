@@ -56,6 +56,10 @@ def test_consumed_messages_are_read_directly_and_encode_as_their_accessors_say(
     assert len(msgs) == PER_PARTITION * PARTITIONS
 
     assert not _batchcodec.has_error_events(msgs)
+    assert _batchcodec.batch_flags(msgs) == _batchcodec.BATCH_HEADERS  # headers still in C count
+    without_headers = [m for m in msgs if not m.headers()]  # headers() made them Python objects
+    assert _batchcodec.batch_flags(without_headers) == 0
+    assert _batchcodec.batch_flags(msgs) == _batchcodec.BATCH_HEADERS
     chunks = _batchcodec.partition_chunks(msgs)
     assert chunks is not None, "consumed records fell back to the accessors"
     by_accessors = [(t, p, len(list(g))) for (t, p), g in itertools.groupby(msgs, lambda m: (m.topic(), m.partition()))]
@@ -103,4 +107,5 @@ def test_an_error_event_among_consumed_messages_is_seen(
         consumer.close()
     assert any(m.error() is not None for m in msgs), "no end-of-partition event arrived"
     assert _batchcodec.has_error_events(msgs)
+    assert _batchcodec.batch_flags(msgs) == _batchcodec.BATCH_ERRORS
     assert _batchcodec.partition_chunks(msgs) is None

@@ -88,6 +88,15 @@ def test_partition_chunks_are_the_runs_of_one_topic_partition() -> None:
     assert _batchcodec.partition_chunks([]) == []
 
 
+def test_batch_flags_read_other_types_through_the_accessors() -> None:
+    msgs = as_messages([FakeMessage(o, headers_=[("h", b"x")] if o == 2 else None) for o in range(4)])
+    for batch in (msgs, _subclassed(msgs)):
+        assert _batchcodec.batch_flags(batch) == _batchcodec.BATCH_HEADERS
+        assert _batchcodec.batch_flags(batch[:2]) == 0
+    event = _SubclassedMessage(topic="a", partition=0, error=KafkaError(KafkaError._PARTITION_EOF))
+    assert _batchcodec.batch_flags([*msgs[:2], event]) == _batchcodec.BATCH_ERRORS
+
+
 def test_partition_chunks_leave_error_events_and_other_types_to_the_accessors() -> None:
     msgs = [Message(topic="a", partition=0, offset=o, value=b"v", timestamp=(1, 0)) for o in range(3)]
     assert not _batchcodec.has_error_events(msgs)

@@ -13,7 +13,7 @@ from ferryman import envelope
 from ferryman.envelope import Headers
 from ferryman.errors import FerrymanError
 from ferryman.v1 import envelope_pb2
-from ferryman_wrapper._envelopes import BuiltEnvelope, build_envelopes, has_errors, partition_runs
+from ferryman_wrapper._envelopes import BatchFlags, BuiltEnvelope, batch_flags, build_envelopes, partition_runs
 
 from tests.unit._fakes import (
     ALL_TS_TYPES,
@@ -358,8 +358,12 @@ def test_partition_runs_of_one_partition_is_the_batch(size: int) -> None:
     assert runs == ({("t", 3): batch} if size else {})
 
 
-def test_has_errors_sees_an_error_event_anywhere() -> None:
+def test_batch_flags_see_an_error_event_and_a_record_with_headers_anywhere() -> None:
     batch = [_msg("t", 0, o) for o in range(5)]
-    assert not has_errors(batch)
+    maybe = envelope.batchcodec is None  # the pure-Python path does not look: any batch may have headers
+    assert batch_flags(batch) == BatchFlags(errors=False, headers=maybe)
     batch[3].set_error(KafkaError(KafkaError._PARTITION_EOF))
-    assert has_errors(batch)
+    assert batch_flags(batch) == BatchFlags(errors=True, headers=maybe)
+    batch[1].set_headers([("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")])
+    assert batch_flags(batch) == BatchFlags(errors=True, headers=True)
+    assert batch_flags(tuple(batch)) == BatchFlags(errors=True, headers=True)  # no codec: headers may be there

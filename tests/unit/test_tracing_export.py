@@ -12,7 +12,18 @@ from typing import Any
 import pytest
 from ferryman import envelope
 from ferryman.config import TracingConfig
-from ferryman.tracing import ERROR, OK, RecordSpan, RecordSpans, SpanShape, new_span_id, new_trace_id, start_tracing
+from ferryman.tracing import (
+    ERROR,
+    OK,
+    RecordSpan,
+    RecordSpans,
+    SpanShape,
+    _file,
+    _zipkin,
+    new_span_id,
+    new_trace_id,
+    start_tracing,
+)
 from ferryman.tracing._export import readable_span
 from ferryman.tracing._file import FileBatches
 from ferryman.tracing._otlp import HttpSpanExporter, OtlpBatches
@@ -83,6 +94,15 @@ def test_zipkin_json_equals_the_sdk_exporters_json() -> None:
     assert ours[2]["tags"]["error"] == 'transaction not committed: "rewound"'
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure Python"])
+def test_zipkin_posts_the_json_as_bytes(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    if not compiled:
+        monkeypatch.setattr(_zipkin, "spanwire", None)
+    spans = _spans()
+    batches = ZipkinBatches(ZipkinExporter(), RESOURCE, SCOPE)
+    assert batches.encode_bytes(spans) == batches.encode_py(spans).encode()
+
+
 def test_otlp_request_equals_the_sdk_encoding() -> None:
     spans = _spans()
     ours = ExportTraceServiceRequest.FromString(OtlpBatches(HttpSpanExporter(), RESOURCE, SCOPE).encode(spans))
@@ -95,6 +115,31 @@ def test_file_lines_equal_the_sdk_spans_json(tmp_path: Path) -> None:
     exporter = ConsoleSpanExporter(out=io.StringIO())
     ours = [json.loads(line) for line in FileBatches(exporter, RESOURCE).encode(spans).splitlines()]
     assert ours == [json.loads(readable_span(s, RESOURCE, SCOPE).to_json(indent=None)) for s in spans]
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["bytes to the buffer", "text"])
+def test_file_export_appends_the_lines_beside_the_sdk_exporters_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    if not compiled:
+        monkeypatch.setattr(_file, "spanwire", None)
+    elif _file.spanwire is None:
+        pytest.fail("the compiled encoder is not built (python setup.py build_ext --inplace)")
+    spans = _spans()
+    with (tmp_path / "spans.jsonl").open("a", encoding="utf-8") as out:
+        sdk_exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+        batches = FileBatches(sdk_exporter, RESOURCE)
+        sdk_spans: Any = [readable_span(spans[0], RESOURCE, SCOPE)]
+        out.write('{"pending": "an SDK line still in the text layer"}\n')
+        assert batches.export(spans)
+        sdk_exporter.export(sdk_spans)
+        assert batches.export(spans[:1])
+    lines = (tmp_path / "spans.jsonl").read_text(encoding="utf-8").splitlines()
+    expected = FileBatches(ConsoleSpanExporter(out=io.StringIO()), RESOURCE).encode_py(spans).splitlines()
+    assert sorted(lines) == sorted(
+        [*expected, expected[0], expected[0], '{"pending": "an SDK line still in the text layer"}']
+    )
+    assert [json.loads(line) for line in lines]  # every line whole
 
 
 def test_record_traces_suffix_is_the_protobuf_serialisation() -> None:

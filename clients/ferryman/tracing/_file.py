@@ -119,7 +119,19 @@ class FileBatches:
         return "".join(out)
 
     def export(self, spans: Sequence[RecordSpan]) -> bool:
-        """Append the lines and flush."""
+        """Append the lines and flush: as bytes to the stream's binary buffer when it has one.
+
+        The lines are ASCII, so bytes skip the str the text layer would encode
+        again (a batch is ~1.6 MB). The SDK exporter of the other spans writes whole
+        lines through the same buffer, whose lock keeps lines from interleaving.
+        """
+        buffer: IO[bytes] | None = getattr(self._out, "buffer", None)
+        if buffer is not None and spanwire is not None:
+            lines = spanwire.file_lines(self, spans, _STATUS, _error, True)
+            if lines is not None:
+                buffer.write(lines)
+                buffer.flush()
+                return True
         self._out.write(self.encode(spans))
         self._out.flush()
         return True

@@ -129,6 +129,11 @@ cdef int _reserve(Out* o, Py_ssize_t more) except -1:
     return 0
 
 
+cdef object _as_text(Out* o, bint as_bytes):
+    """The buffer as bytes, or as a str (see `_as_str`)."""
+    return PyBytes_FromStringAndSize(o.data, o.size) if as_bytes else _as_str(o)
+
+
 cdef str _as_str(Out* o):
     """The buffer as a str (every byte in it is ASCII: literals, digits and ASCII strs checked on copy)."""
     cdef str text = PyUnicode_New(o.size, 127)
@@ -406,7 +411,7 @@ cdef int _file_line(
     return WRITTEN
 
 
-def file_lines(batches, spans, statuses, error):
+def file_lines(batches, spans, statuses, error, bint as_bytes=False):
     """``FileBatches.encode`` of spans, or None when a span is not one this module writes (see the module).
 
     Args:
@@ -415,6 +420,7 @@ def file_lines(batches, spans, statuses, error):
         spans: the `RecordSpan` batch.
         statuses: the JSON of the UNSET and OK statuses (``_file._STATUS``).
         error: the JSON of an ERROR status from its message (``_file._error``).
+        as_bytes: the lines as (ASCII) bytes instead of a str.
     """
     cdef Buffers b
     cdef Second cached
@@ -429,7 +435,7 @@ def file_lines(batches, spans, statuses, error):
         for s in spans:
             if _file_line(b.batch, s, batches, heads, states, no_state, unset, ok, error, resource, &cached):
                 return None
-        return _as_str(b.batch)
+        return _as_text(b.batch, as_bytes)
     finally:
         _release_buffers(&b)
 
@@ -496,7 +502,7 @@ cdef int _zipkin_span(
     return WRITTEN
 
 
-def zipkin_spans(batches, spans, status_tags, tag):
+def zipkin_spans(batches, spans, status_tags, tag, bint as_bytes=False):
     """``ZipkinBatches.encode`` of spans, or None when a span is not one this module writes (see the module).
 
     Args:
@@ -504,6 +510,7 @@ def zipkin_spans(batches, spans, status_tags, tag):
         spans: the `RecordSpan` batch.
         status_tags: the tags of the UNSET and OK statuses (``_zipkin._STATUS_TAGS``).
         tag: a tag value's JSON (``_zipkin._tag``), for str attribute values and ERROR messages.
+        as_bytes: the JSON as (ASCII) bytes instead of a str.
     """
     cdef Buffers b
     cdef dict heads = batches._heads
@@ -519,7 +526,7 @@ def zipkin_spans(batches, spans, status_tags, tag):
             if _zipkin_span(b.batch, s, batches, heads, unset, ok, tag):
                 return None
         _put_byte(b.batch, 93)  # ]
-        return _as_str(b.batch)
+        return _as_text(b.batch, as_bytes)
     finally:
         _release_buffers(&b)
 

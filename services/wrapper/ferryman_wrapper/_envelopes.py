@@ -37,12 +37,23 @@ _partition: Any = Message.partition
 _error: Any = Message.error
 
 
-def has_errors(messages: Sequence[Message]) -> bool:
-    """Whether any of the consumed messages is an error event (checked in C)."""
+@dataclass(frozen=True, slots=True)
+class BatchFlags:
+    """What a consume() batch holds (one pass over it in C)."""
+
+    errors: bool
+    """An error event is among the messages."""
+    headers: bool
+    """A record has headers (may have, without the compiled codec): trace context is looked for only then."""
+
+
+def batch_flags(messages: Sequence[Message]) -> BatchFlags:
+    """Whether the consumed messages hold an error event, and a record with headers."""
     codec = envelope.batchcodec
     if codec is not None and isinstance(messages, list):
-        return codec.has_error_events(messages)
-    return any(map(_error, messages))
+        flags = codec.batch_flags(messages)
+        return BatchFlags(bool(flags & codec.BATCH_ERRORS), bool(flags & codec.BATCH_HEADERS))
+    return BatchFlags(any(map(_error, messages)), True)
 
 
 def partition_runs(messages: Sequence[Message]) -> dict[tuple[str, int], list[Message]]:

@@ -87,9 +87,12 @@ class WrapperTraces:
         shape = self._shapes[topic, partition] = SpanShape(f"{topic} process", SpanKind.CONSUMER, attributes)
         return shape
 
-    def start(self, topic: str, partition: int, run: Sequence[Message]) -> RunTraces | None:
-        """Spans for the traced records of run (one source partition, offset order); None when none is traced."""
-        decided = self._sampler.decide(len(run), _with_headers(run))
+    def start(self, topic: str, partition: int, run: Sequence[Message], *, headers: bool = True) -> RunTraces | None:
+        """Spans for the traced records of run (one source partition, offset order); None when none is traced.
+
+        headers False: no record of the run has headers (`batch_flags` saw none), so none is looked at.
+        """
+        decided = self._sampler.decide(len(run), _with_headers(run) if headers else ())
         if not decided:
             return None
         shape = self._shapes.get((topic, partition)) or self._shape(topic, partition)

@@ -66,7 +66,7 @@ from ferryman_wrapper._assignment import SourcePartitions
 from ferryman_wrapper._commits import SYNC_COMMIT_BUDGET_S, SourceCommits
 from ferryman_wrapper._control import RESEND_READ_BUDGET_S, ControlLink, ResendWorker
 from ferryman_wrapper._discovery import DeduperDiscovery
-from ferryman_wrapper._envelopes import build_envelopes, has_errors, partition_runs
+from ferryman_wrapper._envelopes import batch_flags, build_envelopes, partition_runs
 from ferryman_wrapper._specs import SourceView, SpecPublisher
 from ferryman_wrapper._traces import WrapperTraces
 
@@ -823,13 +823,14 @@ class Wrapper:
 
     # ---------------------------------------------------------------- data path
     def _wrap(self, msgs: Sequence[Message]) -> None:
-        if has_errors(msgs):
+        flags = batch_flags(msgs)
+        if flags.errors:
             msgs = self._records_only(msgs)
         for (topic, partition), run in partition_runs(msgs).items():
             key = PartitionKey(topic, partition)
             if key not in self._parts.chain:
                 continue  # revoked while the batch was in hand
-            self._send_run(key, run)
+            self._send_run(key, run, headers=flags.headers)
 
     def _records_only(self, msgs: Sequence[Message]) -> list[Message]:
         """The records of a batch that also holds error events, which are handled here (or raise)."""
@@ -842,10 +843,12 @@ class Wrapper:
                 self._on_consume_error(msg, err)
         return records
 
-    def _send_run(self, key: PartitionKey, run: list[Message]) -> None:
+    def _send_run(self, key: PartitionKey, run: list[Message], *, headers: bool) -> None:
+        """Wrap and produce one partition's run; headers: whether a record of its batch has headers."""
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
         produce = self._producer.produce
-        traced = self._traces.start(key.topic, key.partition, run) if self._traces is not None else None
+        traces = self._traces
+        traced = traces.start(key.topic, key.partition, run, headers=headers) if traces is not None else None
         for built in build_envelopes(
             run,
             self._parts.sources[key],
