@@ -50,6 +50,13 @@ def test_the_compiled_count_is_the_pure_python_count(runs: list[tuple[list[int],
     assert compiled == reference
 
 
+@pytest.mark.parametrize("stamp", [2**63, "late"])
+def test_a_timestamp_that_is_not_a_64_bit_int_is_refused(stamp: object) -> None:
+    assert latency.compiled_count is not None, "the build did not compile ferryman.metrics._latencycount"
+    with pytest.raises((OverflowError, TypeError)):
+        latency.compiled_count([([NOW_MS, stamp], 0)], NOW_MS, BOUNDS_MS, [0] * (len(BOUNDS_MS) + 1))  # type: ignore[list-item]
+
+
 def test_a_run_counts_only_from_its_start_and_any_sequence_of_timestamps() -> None:
     h = LatencyHistogram()
     h.observe([([NOW_MS - 5000, NOW_MS - 20], 1), (range(NOW_MS - 2, NOW_MS), 0)], NOW_MS)
