@@ -124,7 +124,7 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile([], 99) != percentile([], 99)  # NaN
 
 
-def _throughput(rps: float, cpu_s_per_m: float) -> Throughput:
+def _throughput(rps: float, cpu_s_per_m: float, steady_cpu_s_per_m: float | None = None) -> Throughput:
     return Throughput(
         records=1_000_000,
         payload_bytes=117_000_000,
@@ -138,16 +138,17 @@ def _throughput(rps: float, cpu_s_per_m: float) -> Throughput:
         from_start_mbps=None,
         cpu_s=cpu_s_per_m,
         cpu_s_per_m=cpu_s_per_m,
-        steady_cpu_s_per_m=None,
+        steady_cpu_s_per_m=steady_cpu_s_per_m,
         broker_cpu_s_per_m=None,
         peak_rss_mb=100.0,
         timeline=[],
     )
 
 
-def _rounds(name: str, *figures: tuple[float, float]) -> RowResult:
+def _rounds(name: str, *figures: tuple[float, ...]) -> RowResult:
+    """A row's rounds from (steady rec/s, CPU s/M[, steady CPU s/M]) each."""
     result = RowResult(name, exactly_once=name == "ferryman")
-    first, *more = (_throughput(rps, cpu) for rps, cpu in figures)
+    first, *more = (_throughput(*f) for f in figures)
     result.throughput = first
     result.repeats = more
     return result
@@ -188,9 +189,9 @@ def test_a_row_that_failed_a_round_gets_no_ratio() -> None:
 
 def test_metrics_and_tracing_are_compared_with_the_bare_row_round_by_round() -> None:
     rows = [
-        _rounds("ferryman-bare", (500_000, 2.5), (400_000, 2.0)),
-        _rounds("ferryman", (490_000, 2.5), (400_000, 2.1)),
-        _rounds("ferryman-trace1", (250_000, 5.0), (400_000, 2.2)),
+        _rounds("ferryman-bare", (500_000, 2.5, 2.0), (400_000, 2.0, 1.6)),
+        _rounds("ferryman", (490_000, 2.5, 2.0), (400_000, 2.1)),
+        _rounds("ferryman-trace1", (250_000, 5.0, 4.0), (400_000, 2.2, 2.0)),
         _rounds("ferryman-trace100", (5_000, 250.0), (4_000, 200.0)),
         _rounds("copyloop", (400_000, 2.0), (600_000, 2.0)),
     ]
@@ -198,9 +199,10 @@ def test_metrics_and_tracing_are_compared_with_the_bare_row_round_by_round() -> 
     header, cells = observability_table(rows)
     assert header[2] == "rec/s vs bare by round"
     assert [c[0] for c in cells] == ["ferryman", "ferryman-trace1", "ferryman-trace100"]
-    assert cells[0][2:] == ["0.98 / 1.00", "0.99x", "1.00 / 1.05", "1.02x"]
-    assert cells[1][2:] == ["0.50 / 1.00", "0.75x", "2.00 / 1.10", "1.55x"]
-    assert cells[2][1:] == ["FAILED", "-", "-", "-", "-"]  # a failed row gets no ratio
+    assert header[6] == "steady CPU s/M vs bare by round"
+    assert cells[0][2:] == ["0.98 / 1.00", "0.99x", "1.00 / 1.05", "1.02x", "1.00 / -", "1.00x"]
+    assert cells[1][2:] == ["0.50 / 1.00", "0.75x", "2.00 / 1.10", "1.55x", "2.00 / 1.25", "1.62x"]
+    assert cells[2][1:] == ["FAILED", "-", "-", "-", "-", "-", "-"]  # a failed row gets no ratio
     assert observability_table(rows[1:]) == ([], [])  # without the baseline, no table
 
 
