@@ -147,6 +147,11 @@ def has_error_events(list messages):
     return False
 
 
+cdef inline int _has_headers(KafkaMessage* c) except -1:
+    """A readable message has headers: still in C (not yet Python objects), or a non-empty list."""
+    return c.c_headers != NULL or (c.headers != NULL and c.headers != <PyObject*>None and bool(<object>c.headers))
+
+
 # batch_flags bits.
 BATCH_ERRORS = 1
 BATCH_HEADERS = 2
@@ -168,7 +173,7 @@ def batch_flags(list messages):
             c = <KafkaMessage*><PyObject*>m
             if _is_error_event(c):
                 flags |= BATCH_ERRORS
-            elif c.c_headers != NULL or (c.headers != NULL and c.headers != <PyObject*>None and <object>c.headers):
+            elif _has_headers(c):
                 flags |= BATCH_HEADERS
         elif m.error() is not None:
             flags |= BATCH_ERRORS
@@ -671,7 +676,7 @@ def header_indexes(list messages):
         m = <object>PyList_GET_ITEM(messages, i)
         if _readable(m):
             c = <KafkaMessage*><PyObject*>m
-            if c.c_headers != NULL or (c.headers != NULL and c.headers != <PyObject*>None and <object>c.headers):
+            if _has_headers(c):
                 out.append(i)
         elif _headers(m):
             out.append(i)
