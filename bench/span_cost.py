@@ -83,9 +83,9 @@ def _exporter(kind: str) -> BatchExporter:
     resource = Resource.create({"service.name": "bench"})
     scope = InstrumentationScope("ferryman")
     if kind == "zipkin":
-        return _EncodeOnly(ZipkinBatches(ZipkinExporter(), resource, scope).encode)
+        return _EncodeOnly(ZipkinBatches(ZipkinExporter(), resource, scope).encode_bytes)
     if kind == "file":
-        return _EncodeOnly(FileBatches(ConsoleSpanExporter(out=io.StringIO()), resource).encode)
+        return _EncodeOnly(FileBatches(ConsoleSpanExporter(out=io.StringIO()), resource).encode_bytes)
     if kind == "otlp":
         return _EncodeOnly(OtlpBatches(HttpSpanExporter(), resource, scope).encode)
     return _Dropped()

@@ -117,7 +117,7 @@ def test_file_lines_equal_the_sdk_spans_json(tmp_path: Path) -> None:
     assert ours == [json.loads(readable_span(s, RESOURCE, SCOPE).to_json(indent=None)) for s in spans]
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["bytes to the buffer", "text"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure Python"])
 def test_file_export_appends_the_lines_beside_the_sdk_exporters_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:

@@ -108,12 +108,17 @@ def _otlp_pair() -> tuple[OtlpBatches, OtlpBatches]:
     return OtlpBatches(HttpSpanExporter(), RESOURCE, SCOPE), OtlpBatches(HttpSpanExporter(), RESOURCE, SCOPE)
 
 
+def _text(encoded: bytes | None) -> str | None:
+    """The compiled JSON encoders' bytes as the str their Python references make."""
+    return None if encoded is None else encoded.decode()
+
+
 def _file_compiled(batches: FileBatches, spans: Sequence[RecordSpan]) -> str | None:
-    return _spanwire.file_lines(batches, spans, _file._STATUS, _file._error)
+    return _text(_spanwire.file_lines(batches, spans, _file._STATUS, _file._error))
 
 
 def _zipkin_compiled(batches: ZipkinBatches, spans: Sequence[RecordSpan]) -> str | None:
-    return _spanwire.zipkin_spans(batches, spans, _zipkin._STATUS_TAGS, _zipkin._tag)
+    return _text(_spanwire.zipkin_spans(batches, spans, _zipkin._STATUS_TAGS, _zipkin._tag))
 
 
 def _otlp_compiled(batches: OtlpBatches, spans: Sequence[RecordSpan]) -> bytes | None:
@@ -271,12 +276,12 @@ def test_a_call_made_while_another_is_encoding_gets_buffers_of_its_own() -> None
     inner_outputs: list[str | None] = []
 
     def tag(value: object) -> str:
-        inner_outputs.append(_spanwire.zipkin_spans(zipkin, inner, _zipkin._STATUS_TAGS, _zipkin._tag))
+        inner_outputs.append(_text(_spanwire.zipkin_spans(zipkin, inner, _zipkin._STATUS_TAGS, _zipkin._tag)))
         return _zipkin._tag(value)
 
     for span in outer:
         span.attributes = (("s", "a str value: tag() is called"),)
-    assert _spanwire.zipkin_spans(zipkin, outer, _zipkin._STATUS_TAGS, tag) == reference.encode_py(outer)
+    assert _text(_spanwire.zipkin_spans(zipkin, outer, _zipkin._STATUS_TAGS, tag)) == reference.encode_py(outer)
     assert inner_outputs and all(out == reference.encode_py(inner) for out in inner_outputs)
 
 

@@ -79,13 +79,17 @@ class FileBatches:
         state = self._states.get(tracestate) or self._state(tracestate)
         return f'{{"trace_id": "0x{trace_id}", "span_id": "0x{span_id}", "trace_state": {state}}}'
 
-    def encode(self, spans: Sequence[RecordSpan]) -> str:
-        """The lines of spans (each ending in a newline): compiled where built, else `encode_py`."""
+    def encode_bytes(self, spans: Sequence[RecordSpan]) -> bytes:
+        """The lines of spans (each ending in a newline) as written: compiled where built, else `encode_py`."""
         if spanwire is not None:
             lines = spanwire.file_lines(self, spans, _STATUS, _error)
             if lines is not None:
                 return lines
-        return self.encode_py(spans)
+        return self.encode_py(spans).encode()
+
+    def encode(self, spans: Sequence[RecordSpan]) -> str:
+        """`encode_bytes` as a str."""
+        return self.encode_bytes(spans).decode()
 
     def encode_py(self, spans: Sequence[RecordSpan]) -> str:
         """The lines of spans (each ending in a newline), in Python: the reference.
@@ -126,14 +130,12 @@ class FileBatches:
         lines through the same buffer, whose lock keeps lines from interleaving.
         """
         buffer: IO[bytes] | None = getattr(self._out, "buffer", None)
-        if buffer is not None and spanwire is not None:
-            lines = spanwire.file_lines(self, spans, _STATUS, _error, True)
-            if lines is not None:
-                buffer.write(lines)
-                buffer.flush()
-                return True
-        self._out.write(self.encode(spans))
-        self._out.flush()
+        if buffer is not None:
+            buffer.write(self.encode_bytes(spans))
+            buffer.flush()
+        else:
+            self._out.write(self.encode(spans))
+            self._out.flush()
         return True
 
     def shutdown(self) -> None:

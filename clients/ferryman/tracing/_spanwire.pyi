@@ -1,44 +1,20 @@
 """Types of the compiled per-span work of the record-span encoders (_spanwire.pyx)."""
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, overload
 
 from ferryman.tracing._file import FileBatches
 from ferryman.tracing._lean import AttributeValue, RecordSpan
 from ferryman.tracing._otlp import OtlpBatches
 from ferryman.tracing._zipkin import ZipkinBatches
 
-@overload
 def file_lines(
-    batches: FileBatches,
-    spans: Sequence[RecordSpan],
-    statuses: Mapping[int, str],
-    error: Callable[[str], str],
-    as_bytes: Literal[False] = False,
-) -> str | None: ...
-@overload
-def file_lines(
-    batches: FileBatches,
-    spans: Sequence[RecordSpan],
-    statuses: Mapping[int, str],
-    error: Callable[[str], str],
-    as_bytes: Literal[True],
+    batches: FileBatches, spans: Sequence[RecordSpan], statuses: Mapping[int, str], error: Callable[[str], str]
 ) -> bytes | None: ...
-@overload
 def zipkin_spans(
     batches: ZipkinBatches,
     spans: Sequence[RecordSpan],
     status_tags: Mapping[int, str],
     tag: Callable[[object], str],
-    as_bytes: Literal[False] = False,
-) -> str | None: ...
-@overload
-def zipkin_spans(
-    batches: ZipkinBatches,
-    spans: Sequence[RecordSpan],
-    status_tags: Mapping[int, str],
-    tag: Callable[[object], str],
-    as_bytes: Literal[True],
 ) -> bytes | None: ...
 def otlp_request(
     batches: OtlpBatches,

@@ -27,7 +27,7 @@ raises for invalid spans); the tests hold the two to the same output.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
-from cpython.unicode cimport PyUnicode_1BYTE_DATA, PyUnicode_AsUTF8AndSize, PyUnicode_GET_LENGTH, PyUnicode_New
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_GET_LENGTH
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy, strlen
 
@@ -129,17 +129,9 @@ cdef int _reserve(Out* o, Py_ssize_t more) except -1:
     return 0
 
 
-cdef object _as_text(Out* o, bint as_bytes):
-    """The buffer as bytes, or as a str (see `_as_str`)."""
-    return PyBytes_FromStringAndSize(o.data, o.size) if as_bytes else _as_str(o)
-
-
-cdef str _as_str(Out* o):
-    """The buffer as a str (every byte in it is ASCII: literals, digits and ASCII strs checked on copy)."""
-    cdef str text = PyUnicode_New(o.size, 127)
-    if o.size:
-        memcpy(PyUnicode_1BYTE_DATA(text), o.data, <size_t>o.size)
-    return text
+cdef bytes _as_bytes(Out* o):
+    """The buffer as bytes (every byte in it is ASCII: literals, digits and ASCII strs checked on copy)."""
+    return PyBytes_FromStringAndSize(o.data, o.size)
 
 
 cdef inline int _put(Out* o, const char* text, Py_ssize_t n) except -1:
@@ -411,8 +403,8 @@ cdef int _file_line(
     return WRITTEN
 
 
-def file_lines(batches, spans, statuses, error, bint as_bytes=False):
-    """``FileBatches.encode`` of spans, or None when a span is not one this module writes (see the module).
+def file_lines(batches, spans, statuses, error):
+    """``FileBatches.encode_bytes`` of spans, or None when a span is not one this module writes (see the module).
 
     Args:
         batches: the `FileBatches` whose caches (``_heads``, ``_states``, ``_resource``) and cache
@@ -420,7 +412,6 @@ def file_lines(batches, spans, statuses, error, bint as_bytes=False):
         spans: the `RecordSpan` batch.
         statuses: the JSON of the UNSET and OK statuses (``_file._STATUS``).
         error: the JSON of an ERROR status from its message (``_file._error``).
-        as_bytes: the lines as (ASCII) bytes instead of a str.
     """
     cdef Buffers b
     cdef Second cached
@@ -435,7 +426,7 @@ def file_lines(batches, spans, statuses, error, bint as_bytes=False):
         for s in spans:
             if _file_line(b.batch, s, batches, heads, states, no_state, unset, ok, error, resource, &cached):
                 return None
-        return _as_text(b.batch, as_bytes)
+        return _as_bytes(b.batch)
     finally:
         _release_buffers(&b)
 
@@ -502,15 +493,14 @@ cdef int _zipkin_span(
     return WRITTEN
 
 
-def zipkin_spans(batches, spans, status_tags, tag, bint as_bytes=False):
-    """``ZipkinBatches.encode`` of spans, or None when a span is not one this module writes (see the module).
+def zipkin_spans(batches, spans, status_tags, tag):
+    """``ZipkinBatches.encode_bytes`` of spans, or None when a span is not one this module writes (see the module).
 
     Args:
         batches: the `ZipkinBatches` whose head cache (``_heads``) and filler (``_head``) are used and filled.
         spans: the `RecordSpan` batch.
         status_tags: the tags of the UNSET and OK statuses (``_zipkin._STATUS_TAGS``).
         tag: a tag value's JSON (``_zipkin._tag``), for str attribute values and ERROR messages.
-        as_bytes: the JSON as (ASCII) bytes instead of a str.
     """
     cdef Buffers b
     cdef dict heads = batches._heads
@@ -526,7 +516,7 @@ def zipkin_spans(batches, spans, status_tags, tag, bint as_bytes=False):
             if _zipkin_span(b.batch, s, batches, heads, unset, ok, tag):
                 return None
         _put_byte(b.batch, 93)  # ]
-        return _as_text(b.batch, as_bytes)
+        return _as_bytes(b.batch)
     finally:
         _release_buffers(&b)
 

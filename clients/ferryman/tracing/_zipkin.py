@@ -80,13 +80,17 @@ class ZipkinBatches:
         )
         return head
 
-    def encode(self, spans: Sequence[RecordSpan]) -> str:
-        """The JSON v2 list of spans: compiled where built, else `encode_py`."""
+    def encode_bytes(self, spans: Sequence[RecordSpan]) -> bytes:
+        """The JSON v2 list of spans as posted: compiled where built, else `encode_py`."""
         if spanwire is not None:
             encoded = spanwire.zipkin_spans(self, spans, _STATUS_TAGS, _tag)
             if encoded is not None:
                 return encoded
-        return self.encode_py(spans)
+        return self.encode_py(spans).encode()
+
+    def encode(self, spans: Sequence[RecordSpan]) -> str:
+        """`encode_bytes` as a str."""
+        return self.encode_bytes(spans).decode()
 
     def encode_py(self, spans: Sequence[RecordSpan]) -> str:
         """The JSON v2 list of spans, in Python: the reference.
@@ -114,14 +118,6 @@ class ZipkinBatches:
                 f'{head}{tags}}},"debug":true}}'
             )
         return "[" + ",".join(out) + "]"
-
-    def encode_bytes(self, spans: Sequence[RecordSpan]) -> bytes:
-        """`encode` as the bytes posted (the compiled encoder makes them without a str between)."""
-        if spanwire is not None:
-            encoded = spanwire.zipkin_spans(self, spans, _STATUS_TAGS, _tag, True)
-            if encoded is not None:
-                return encoded
-        return self.encode_py(spans).encode()
 
     def export(self, spans: Sequence[RecordSpan]) -> bool:
         """Encode and post; False (logged) when Zipkin is unreachable or refuses the batch."""
