@@ -108,6 +108,7 @@ from bench.report import (
 )
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
+from bench.together import Gate, run_together
 from bench.topics import create_topics, delete_topics, describe, list_topics
 from bench.verify import LiveWatcher, audit
 from bench.warmup import warm_up
@@ -149,6 +150,8 @@ _SMOKE_ROUNDS = 2
 #: Budget of the metadata request that lists a cluster's brokers (for the cross-cluster bytes): the
 #: clusters have just answered the preload, so this only covers a slow first connection.
 _BROKERS_BUDGET_S = 30.0
+#: What a row running together waits for the others beyond the copy's deadline (their topics and launch).
+_TOGETHER_SLACK_S = 300.0
 #: Points of a row's visibility timeline kept in the JSON (enough to plot it).
 _TIMELINE_POINTS = 200
 #: Named shapes of issue 29 (scale): defaults that any explicit option overrides.
@@ -209,6 +212,8 @@ class BenchConfig:
     """Where to write the raw figures, if anywhere."""
     drop_copies: bool = False
     """Delete the topics each row created, on both clusters, once it is audited (``--drop-copies``)."""
+    together: bool = False
+    """The rows of a round run at the same time (``--together``, ``bench.together``); no latency phase."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +343,12 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         "it is audited, so that every row and round meets brokers holding the same partitions (default: kept, "
         "dropped in the partitions, scale-out and topics scenarios)",
     )
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="run the rows of each round at the same time, an A/B whose rows meet the same machine (their CPU "
+        "per record compares; each rate is a share of the machine); no latency phase, not with --drop-copies",
+    )
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--smoke", action="store_true", help="tiny run that only checks the bench works (< ~90 s)")
     scenario = ap.parse_known_args(argv)[0].scenario
@@ -374,6 +385,12 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
             f"--topics x --partitions: at most {MAX_PARTITIONS} (the record header's partition field numbers the "
             "partitions of all source topics)"
         )
+    if args.together:
+        if len(rows) < 2:
+            ap.error("--together needs at least two --rows")
+        if args.drop_copies:
+            ap.error("--together: not with --drop-copies (a row would drop the copies of the rows beside it)")
+        args.latency_seconds = 0.0
     if bool(args.source) != bool(args.destination):
         ap.error("give both --source-bootstrap and --destination-bootstrap, or neither")
     if args.latency_rate == _HALF_FERRYMAN:
@@ -415,6 +432,7 @@ def _parse(argv: Sequence[str] | None) -> BenchConfig:
         work_dir=args.dir,
         keep_data=args.keep_data,
         drop_copies=args.drop_copies,
+        together=args.together,
         json_path=args.json,
     )
 
@@ -652,12 +670,18 @@ def _judge(result: RowResult) -> None:
 
 
 def _run_row(
-    cls: type[Row], cfg: BenchConfig, stage: Stage, latency_rate: float | None, round_no: int = 1
+    cls: type[Row],
+    cfg: BenchConfig,
+    stage: Stage,
+    latency_rate: float | None,
+    round_no: int = 1,
+    gate: Gate | None = None,
 ) -> RowResult:
     """Throughput, latency and verdict of one row; the row's processes are always stopped.
 
     latency_rate None: offer half of this row's own steady rate (the ferryman row under half-ferryman).
     round_no: which copy of the preloaded topics this is; names the row's topics apart from other rounds'.
+    gate: the rows running together with this one (``--together``): launched at once, audited once all copied.
     """
     lat_topic = f"{stage.name}-lat-{cls.name.replace('-', '')}{round_tag(round_no)}"
     work = stage.work_dir / cls.name
@@ -691,7 +715,11 @@ def _run_row(
             cleanup.callback(row.stop, _STOP_GRACE_S)
             _create_topics(stage.source, [lat_topic], cfg.partitions, SOURCE_TOPIC_CONFIG)
             row.prepare()
+            if gate is not None:
+                gate.wait()
             _measure(row, cfg, stage, lat_topic, latency_rate, result, cleanup)
+        if gate is not None:
+            gate.wait()
         if result.throughput is not None and result.throughput.records:
             result.verdict = _verdict(stage, row)
     except Exception as exc:  # a broken row is reported, the next row still runs
@@ -739,14 +767,23 @@ def _repeat(cfg: BenchConfig, stage: Stage, round_no: int, results: list[RowResu
     _log(f"round {round_no} of {cfg.rounds}")
     again = replace(stage, run_id=f"{stage.run_id}r{round_no}", work_dir=stage.work_dir / f"round{round_no}")
     once = replace(cfg, latency_duration_s=0.0)
-    for result in round_order(results, round_no):
-        if result.status == "unavailable":
-            continue
-        repeat = _run_row(ROWS[result.row], once, again, None, round_no)
+    ran = [result for result in round_order(results, round_no) if result.status != "unavailable"]
+    if cfg.together:
+        repeats = run_together(
+            ran, lambda r, gate: _run_row(ROWS[r.row], once, again, None, round_no, gate), _together_budget(cfg)
+        )
+    else:
+        repeats = [_run_row(ROWS[result.row], once, again, None, round_no) for result in ran]
+    for result, repeat in zip(ran, repeats, strict=True):
         if repeat.throughput is not None:
             result.repeats.append(repeat.throughput)
         for reason in repeat.reasons:
             result.fail(f"round {round_no}: {reason}")
+
+
+def _together_budget(cfg: BenchConfig) -> float:
+    """How long a row running together waits for the others at a step: their preparation, or their copy."""
+    return cfg.timeout_s + _TOGETHER_SLACK_S
 
 
 def _measure(
@@ -1060,12 +1097,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.rehearsal_records:
             _rehearse(cfg, stage)
         rate = cfg.latency_rate
-        for name in cfg.rows:
-            result = _run_row(ROWS[name], cfg, stage, rate)
-            results.append(result)
-            if rate is None:  # half-ferryman: ferryman ran first and offered half its own rate to itself
-                rate = result.latency.offered_rate if result.latency is not None else _DEFAULT_LATENCY_RATE
-                _log(f"latency phases offer {rate:,.0f} rec/s")
+        if cfg.together:  # no latency phase: the rate is not needed
+            _log(f"rows run together: {', '.join(cfg.rows)}")
+            results = run_together(
+                cfg.rows, lambda name, gate: _run_row(ROWS[name], cfg, stage, None, 1, gate), _together_budget(cfg)
+            )
+        else:
+            for name in cfg.rows:
+                result = _run_row(ROWS[name], cfg, stage, rate)
+                results.append(result)
+                if rate is None:  # half-ferryman: ferryman ran first and offered half its own rate to itself
+                    rate = result.latency.offered_rate if result.latency is not None else _DEFAULT_LATENCY_RATE
+                    _log(f"latency phases offer {rate:,.0f} rec/s")
         for round_no in range(2, cfg.rounds + 1):
             _repeat(cfg, stage, round_no, results)
         if cfg.latency_duration_s > 0 and rate is not None:

@@ -1,0 +1,78 @@
+"""Rows run together (``--together``): they launch in step, and a row that fails never holds the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from bench.replication import _parse
+from bench.together import Gate, run_together
+
+
+def test_rows_pass_each_step_together() -> None:
+    passed: dict[str, list[float]] = {"a": [], "b": []}
+
+    def run(name: str, gate: Gate | None) -> str:
+        assert gate is not None
+        if name == "b":
+            time.sleep(0.2)  # b prepares slower: a must not launch before it
+        gate.wait()
+        passed[name].append(time.monotonic())
+        time.sleep(0.1 if name == "a" else 0.3)  # a copies faster: it must not audit before b has copied
+        gate.wait()
+        passed[name].append(time.monotonic())
+        return name.upper()
+
+    assert run_together(["a", "b"], run, timeout_s=5) == ["A", "B"]
+    (a_launch, a_audit), (b_launch, b_audit) = passed["a"], passed["b"]
+    assert abs(a_launch - b_launch) < 0.05
+    assert abs(a_audit - b_audit) < 0.05
+    assert a_audit - a_launch >= 0.25
+
+
+def test_a_row_that_fails_or_is_unavailable_lets_the_others_go_on() -> None:
+    waited: list[float] = []
+
+    def run(name: str, gate: Gate | None) -> str:
+        assert gate is not None
+        if name == "broken":
+            raise RuntimeError("prepare failed")
+        if name == "unavailable":
+            return "unavailable"  # returns before its first step, as _run_row does
+        t = time.monotonic()
+        gate.wait()
+        gate.wait()
+        waited.append(time.monotonic() - t)
+        return name
+
+    with pytest.raises(RuntimeError, match="prepare failed"):
+        run_together(["ok", "broken"], run, timeout_s=30)
+    assert run_together(["ok", "unavailable"], run, timeout_s=30) == ["ok", "unavailable"]
+    assert max(waited) < 5  # released by the row that left, not by the 30 s timeout
+
+
+def test_a_gate_wait_times_out_instead_of_hanging() -> None:
+    gate = Gate(2, timeout_s=0.2)
+    t = time.monotonic()
+    gate.wait()  # the other row never comes
+    assert 0.15 < time.monotonic() - t < 5
+    done = threading.Event()
+
+    def wait_again() -> None:
+        gate.wait()
+        done.set()
+
+    threading.Thread(target=wait_again).start()
+    assert done.wait(1)  # broken for good: later waits return at once
+
+
+def test_together_needs_two_rows_and_no_dropped_copies_and_runs_no_latency_phase() -> None:
+    cfg = _parse(["--together", "--rows", "ferryman-bare,ferryman-trace1"])
+    assert cfg.together and cfg.latency_duration_s == 0
+    assert not _parse(["--rows", "ferryman-bare,ferryman-trace1"]).together
+    with pytest.raises(SystemExit):
+        _parse(["--together", "--rows", "ferryman-bare"])
+    with pytest.raises(SystemExit):
+        _parse(["--together", "--rows", "ferryman-bare,ferryman-trace1", "--drop-copies"])
