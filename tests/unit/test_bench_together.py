@@ -12,24 +12,27 @@ from bench.together import Gate, run_together
 
 
 def test_rows_pass_each_step_together() -> None:
+    arrived: dict[str, list[float]] = {"a": [], "b": []}
     passed: dict[str, list[float]] = {"a": [], "b": []}
+
+    def step(name: str, gate: Gate) -> None:
+        arrived[name].append(time.monotonic())
+        gate.wait()
+        passed[name].append(time.monotonic())
 
     def run(name: str, gate: Gate | None) -> str:
         assert gate is not None
         if name == "b":
-            time.sleep(0.2)  # b prepares slower: a must not launch before it
-        gate.wait()
-        passed[name].append(time.monotonic())
-        time.sleep(0.1 if name == "a" else 0.3)  # a copies faster: it must not audit before b has copied
-        gate.wait()
-        passed[name].append(time.monotonic())
+            time.sleep(0.2)  # b prepares slower
+        step(name, gate)  # launch
+        time.sleep(0.1 if name == "a" else 0.3)  # a copies faster
+        step(name, gate)  # audit
         return name.upper()
 
     assert run_together(["a", "b"], run, timeout_s=5) == ["A", "B"]
-    (a_launch, a_audit), (b_launch, b_audit) = passed["a"], passed["b"]
-    assert abs(a_launch - b_launch) < 0.05
-    assert abs(a_audit - b_audit) < 0.05
-    assert a_audit - a_launch >= 0.25
+    for i in (0, 1):  # neither row passes a step before the other has reached it
+        assert passed["a"][i] >= arrived["b"][i]
+        assert passed["b"][i] >= arrived["a"][i]
 
 
 def test_a_row_that_fails_or_is_unavailable_lets_the_others_go_on() -> None:
