@@ -43,7 +43,7 @@ class Gate:
         self._barrier.abort()
 
 
-def run_together(rows: Sequence[_T], run: Callable[[_T, Gate | None], _R], timeout_s: float) -> list[_R]:
+def run_together(rows: Sequence[_T], run: Callable[[_T, Gate], _R], timeout_s: float) -> list[_R]:
     """run(row, gate) for every row at once, one thread each; the results in rows' order.
 
     A row that returns or raises leaves the gate, so the others never wait on it.

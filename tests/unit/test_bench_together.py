@@ -14,19 +14,20 @@ from bench.together import Gate, run_together
 def test_rows_pass_each_step_together() -> None:
     arrived: dict[str, list[float]] = {"a": [], "b": []}
     passed: dict[str, list[float]] = {"a": [], "b": []}
+    a_arrived = [threading.Event(), threading.Event()]
 
-    def step(name: str, gate: Gate) -> None:
+    def step(name: str, gate: Gate, i: int) -> None:
+        if name == "b":
+            assert a_arrived[i].wait(5)  # b comes later to each step (a slower preparation, a slower copy)
         arrived[name].append(time.monotonic())
+        if name == "a":
+            a_arrived[i].set()
         gate.wait()
         passed[name].append(time.monotonic())
 
-    def run(name: str, gate: Gate | None) -> str:
-        assert gate is not None
-        if name == "b":
-            time.sleep(0.2)  # b prepares slower
-        step(name, gate)  # launch
-        time.sleep(0.1 if name == "a" else 0.3)  # a copies faster
-        step(name, gate)  # audit
+    def run(name: str, gate: Gate) -> str:
+        step(name, gate, 0)  # launch
+        step(name, gate, 1)  # audit
         return name.upper()
 
     assert run_together(["a", "b"], run, timeout_s=5) == ["A", "B"]
@@ -38,8 +39,7 @@ def test_rows_pass_each_step_together() -> None:
 def test_a_row_that_fails_or_is_unavailable_lets_the_others_go_on() -> None:
     waited: list[float] = []
 
-    def run(name: str, gate: Gate | None) -> str:
-        assert gate is not None
+    def run(name: str, gate: Gate) -> str:
         if name == "broken":
             raise RuntimeError("prepare failed")
         if name == "unavailable":
