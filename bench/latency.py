@@ -107,6 +107,11 @@ class LatencyResult:
     cross_cluster: CrossTraffic | None = None
     """What crossed between the clusters' regions over the phase, per offered record (small batches:
     more bytes per record than the bulk copy's); None for the floor, or where ``ss`` is missing."""
+    started_s: float = math.nan
+    """Epoch seconds when the load started (records the replicator took from then on are the phase's)."""
+    stages: Mapping[str, object] = field(default_factory=dict)
+    """Where the phase's traced records spent their time inside Ferryman (``bench.stages``; a traced row
+    only, read from its spans file once it has stopped), else empty."""
 
     @property
     def complete(self) -> bool:
@@ -266,6 +271,7 @@ def measure(
     source itself, nothing replicates: the latency measured is that of the source
     broker and the reader, with the generator beside them on the machine.
     """
+    started_s = time.time()
     records = max(1, int(rate * seconds))
     counts = split_counts(records, partitions)
     deadline = time.monotonic() + seconds + _FLUSH_BUDGET_S + drain_budget_s
@@ -310,4 +316,5 @@ def measure(
         generator_cores=generator_cpu_s * achieved / records,
         generator_priority=priority,
         reader_cores=(last.own_s - first[0].own_s) / window if window > 0 else math.nan,
+        started_s=started_s,
     )

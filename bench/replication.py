@@ -108,6 +108,7 @@ from bench.report import (
 )
 from bench.results import RowResult, Throughput, Verdict
 from bench.rows import DEFAULT_ROWS, ROWS, Row, RowContext, RowOptions, RowUnavailableError, round_tag
+from bench.stages import read_stages
 from bench.together import Gate, run_together
 from bench.topics import create_topics, delete_topics, describe, list_topics
 from bench.verify import LiveWatcher, audit
@@ -718,6 +719,7 @@ def _run_row(
             if gate is not None:
                 gate.wait()
             _measure(row, cfg, stage, lat_topic, latency_rate, result, cleanup)
+        _read_stages(row, result)  # the row has stopped: its services flushed their last spans
         if gate is not None:
             gate.wait()
         if result.throughput is not None and result.throughput.records:
@@ -729,6 +731,19 @@ def _run_row(
     _judge(result)
     _log(f"{cls.name}: {result.status}" + (f" ({'; '.join(result.reasons)})" if result.reasons else ""))
     return result
+
+
+def _read_stages(row: Row, result: RowResult) -> None:
+    """Split a traced row's latency phase by stage (``bench.stages``), from the spans its services wrote."""
+    spans = row.spans_file()
+    if result.latency is None or spans is None:
+        return
+    stages = read_stages(spans, result.latency.started_s)
+    if stages is None:
+        _log(f"{row.name}: no traced record of the latency phase in {spans}")
+        return
+    result.latency = replace(result.latency, stages=stages.as_dict())
+    _log(f"{row.name}: where the latency phase's " + stages.describe())
 
 
 def _drop_copies(row: str, existing: Mapping[str, set[str]]) -> None:

@@ -121,6 +121,10 @@ class Row(ABC):
         """Settings worth reporting with the figures."""
         return {}
 
+    def spans_file(self) -> Path | None:
+        """The file its services write their spans to (the ``file`` exporter), or None when not traced so."""
+        return None
+
     def counters(self) -> Mapping[str, float]:
         """Running totals the replicator reports about itself, read before and after a phase (default: none).
 

@@ -19,6 +19,7 @@ headers, so every traced record starts a trace of its own at the wrapper.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ferryman.config import TracingConfig
@@ -53,9 +54,13 @@ class FerrymanTracedRow(FerrymanRow):
             "sampler": "parentbased_traceidratio",
             "sampler_ratio": self.ratio,
             "exporter": "file",
-            "file_path": str(self.ctx.work_dir / "spans.jsonl"),
+            "file_path": str(self.spans_file()),
         }
         return config
+
+    def spans_file(self) -> Path:
+        """Where both services write their spans (``bench.stages`` reads it after a latency phase)."""
+        return self.ctx.work_dir / "spans.jsonl"
 
     def settings(self) -> dict[str, object]:
         """The pair's settings and the tracing ratio."""
