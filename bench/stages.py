@@ -5,8 +5,10 @@
 The latency phase times source append -> visible at the destination as a whole. A traced row
 (``ferryman-trace1``...) also leaves, per traced record, the wrapper's ``process`` span and the
 deduper's ``publish`` span in its ``file`` exporter's JSON lines. Paired by trace id, their times
-split the record's path inside Ferryman into:
+(and the source timestamp on the wrapper's span) split the record's path into:
 
+* ``source``: the source record's timestamp -> the wrapper took it from its consumer (the source
+  append, the wrapper's fetch and its consume loop; records without a timestamp have no such stage);
 * ``wrapper``: the wrapper took the record from its consumer -> handed its envelope to the producer;
 * ``staging``: handed to the staging producer -> the deduper handed the record to the destination
   producer (the staging write, the deduper's fetch, decoding, and any wait while its loop was busy,
@@ -14,7 +16,8 @@ split the record's path inside Ferryman into:
 * ``commit``: handed to the destination producer -> its transaction committed (the publish span
   ends with the commit);
 * ``ferryman``: the wrapper took the record -> committed (what Ferryman adds between the two
-  clusters' consumers, without the source consumer's wait and the reader's).
+  clusters' consumers, without the source consumer's wait and the reader's);
+* ``total``: the source timestamp -> committed (the latency phase's figure without the reader's share).
 
 The ``ferryman commit`` spans give the transactions' durations and the time between their starts.
 """
@@ -30,8 +33,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The stages, in path order (the last spans the others).
-STAGES = ("wrapper", "staging", "commit", "ferryman")
+from ferryman.tracing._spans import SOURCE_TIMESTAMP
+
+#: The stages, in path order (the last two span others).
+STAGES = ("source", "wrapper", "staging", "commit", "ferryman", "total")
 #: Percentiles reported per stage.
 PERCENTILES = (50, 90, 99)
 _WRAPPER = "ferryman-wrapper"
@@ -40,12 +45,13 @@ _COMMIT = "ferryman commit"
 
 @dataclass(frozen=True)
 class StageLatencies:
-    """Per stage, percentiles in milliseconds over the records whose three spans were all found."""
+    """Per stage, percentiles in milliseconds over the records whose two spans were both found."""
 
     records: int
     """Traced records with a wrapper span and a deduper publish span."""
     stages: Mapping[str, Mapping[int, float]]
-    """Stage name -> percentile -> milliseconds."""
+    """Stage name -> percentile -> milliseconds (``source`` and ``total`` only when records carry their
+    source timestamp)."""
     commits: int
     """``ferryman commit`` spans that started in the window."""
     commit_ms: float
@@ -55,8 +61,8 @@ class StageLatencies:
 
     def describe(self) -> str:
         """One line per stage, then the transactions."""
-        lines = [f"{self.records:,} traced records spent their time inside Ferryman (ms, p50 / p90 / p99):"]
-        for name in STAGES:
+        lines = [f"{self.records:,} traced records spent their time (ms, p50 / p90 / p99):"]
+        for name in (name for name in STAGES if name in self.stages):
             p = self.stages[name]
             lines.append(f"  {name:8s} " + " / ".join(f"{p[q]:.1f}" for q in PERCENTILES))
         lines.append(
@@ -101,7 +107,7 @@ def stage_latencies(lines: Iterable[str], since_s: float = 0.0) -> StageLatencie
         since_s: epoch seconds; earlier records (say, the bulk copy before a latency phase) are left out.
     """
     since = round(since_s * 1e6)
-    wrapper: dict[str, tuple[int, int]] = {}
+    wrapper: dict[str, tuple[int, int, int | None]] = {}
     publish: dict[str, tuple[int, int]] = {}
     commits: list[tuple[int, int]] = []
     for line in lines:
@@ -115,22 +121,31 @@ def stage_latencies(lines: Iterable[str], since_s: float = 0.0) -> StageLatencie
         trace_id: str = span["context"]["trace_id"]
         if span["resource"]["attributes"].get("service.name") == _WRAPPER:
             if name.endswith(" process") and start >= since:
-                wrapper[trace_id] = (start, end)
+                stamped = span["attributes"].get(SOURCE_TIMESTAMP)
+                wrapper[trace_id] = (start, end, None if stamped is None else int(stamped) * 1000)
         elif name.endswith(" publish"):
             publish[trace_id] = (start, end)
     per_stage: dict[str, list[float]] = {name: [] for name in STAGES}
-    for trace_id, (taken, handed) in wrapper.items():
+    for trace_id, (taken, handed, appended) in wrapper.items():
         if trace_id not in publish:
             continue
         written, committed = publish[trace_id]
-        for name, micros in zip(
-            STAGES, (handed - taken, written - handed, committed - written, committed - taken), strict=True
-        ):
+        spans = {
+            "wrapper": handed - taken,
+            "staging": written - handed,
+            "commit": committed - written,
+            "ferryman": committed - taken,
+        }
+        if appended is not None:
+            spans["source"], spans["total"] = taken - appended, committed - appended
+        for name, micros in spans.items():
             per_stage[name].append(micros / 1000)
     records = len(per_stage["ferryman"])
     if not records:
         return None
-    stages = {name: {q: _percentile(sorted(values), q) for q in PERCENTILES} for name, values in per_stage.items()}
+    stages = {
+        name: {q: _percentile(sorted(values), q) for q in PERCENTILES} for name, values in per_stage.items() if values
+    }
     starts = sorted(start for start, _ in commits)
     return StageLatencies(
         records=records,

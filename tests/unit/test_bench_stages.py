@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from ferryman.tracing import RecordSpan, SpanShape, new_span_id, new_trace_id
 from ferryman.tracing._file import FileBatches
+from ferryman.tracing._spans import SOURCE_TIMESTAMP
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import SpanKind
@@ -26,10 +27,14 @@ PUBLISH = SpanShape("orders publish", SpanKind.PRODUCER, {"messaging.destination
 COMMIT = SpanShape("ferryman commit", SpanKind.INTERNAL, {})
 
 
-def _record(taken_ms: int, handed_ms: int, written_ms: int, committed_ms: int) -> tuple[RecordSpan, ...]:
-    """A traced record's spans as the services make them: the wrapper's, then the deduper's process and publish."""
+def _record(
+    taken_ms: int, handed_ms: int, written_ms: int, committed_ms: int, appended_ms: int | None = None
+) -> tuple[RecordSpan, ...]:
+    """A traced record's spans as the services make them: the wrapper's (with the source timestamp when the record
+    has one), then the deduper's process and publish."""
     trace = new_trace_id()
-    w = RecordSpan(WRAPPER, trace, new_span_id(), "", T0 + taken_ms * MS, end_ns=T0 + handed_ms * MS)
+    stamp = () if appended_ms is None else ((SOURCE_TIMESTAMP, T0 // MS + appended_ms),)
+    w = RecordSpan(WRAPPER, trace, new_span_id(), "", T0 + taken_ms * MS, attributes=stamp, end_ns=T0 + handed_ms * MS)
     p = RecordSpan(PROCESS, trace, new_span_id(), w.span_id, T0 + written_ms * MS, end_ns=T0 + written_ms * MS)
     q = RecordSpan(PUBLISH, trace, new_span_id(), p.span_id, T0 + written_ms * MS, end_ns=T0 + committed_ms * MS)
     return w, p, q
@@ -46,7 +51,8 @@ def _write(path: Path, wrapper: list[RecordSpan], deduper: list[RecordSpan]) -> 
 @pytest.fixture
 def spans_file(tmp_path: Path) -> Path:
     """Four complete records from 1 s on, one the deduper never wrote, one before 1 s, two commits."""
-    records = [_record(1000 + i, 1001 + i, 1100 + 10 * i, 1300 + 10 * i) for i in range(4)]
+    # appended 10, 20, 30, 40 ms before the wrapper took them
+    records = [_record(1000 + i, 1001 + i, 1100 + 10 * i, 1300 + 10 * i, 1000 + i - 10 * (i + 1)) for i in range(4)]
     unwritten = _record(1005, 1006, 0, 0)[0]
     early = _record(10, 11, 50, 60)
     commits = [
@@ -70,14 +76,25 @@ def test_stages_split_each_record_from_the_wrapper_to_the_commit(spans_file: Pat
     assert ms["commit"] == {50: 200.0, 90: 200.0, 99: 200.0}
     # taken at 1000+i, committed at 1300+10i: 300, 309, 318, 327
     assert ms["ferryman"] == {50: 309.0, 90: 327.0, 99: 327.0}
+    assert ms["source"] == {50: 20.0, 90: 40.0, 99: 40.0}
+    assert ms["total"] == {50: 329.0, 90: 367.0, 99: 367.0}  # 310 + 19i
     assert (found.commits, round(found.commit_ms, 3), round(found.commit_every_ms, 3)) == (3, 40.0, 150.0)
     assert found.as_dict()["stages_ms"]["staging"] == {"p50": ms["staging"][50], "p90": 126.0, "p99": 126.0}  # type: ignore[index]
-    assert found.describe().splitlines()[1:3] == ["  wrapper  1.0 / 1.0 / 1.0", "  staging  108.0 / 126.0 / 126.0"]
+    assert found.describe().splitlines()[1:4] == [
+        "  source   20.0 / 40.0 / 40.0",
+        "  wrapper  1.0 / 1.0 / 1.0",
+        "  staging  108.0 / 126.0 / 126.0",
+    ]
 
 
 def test_no_window_reads_every_record_and_an_empty_or_missing_file_reads_none(spans_file: Path, tmp_path: Path) -> None:
     everything = stages.read_stages(spans_file)
     assert everything is not None and everything.records == 5
+    untimed = tmp_path / "untimed.jsonl"
+    w, p, q = _record(0, 1, 2, 3)  # a record without a source timestamp: no source or total stage
+    _write(untimed, [w], [p, q])
+    alone = stages.read_stages(untimed)
+    assert alone is not None and set(alone.stages) == {"wrapper", "staging", "commit", "ferryman"}
     assert stages.read_stages(tmp_path / "absent.jsonl") is None
     (tmp_path / "empty.jsonl").write_text("")
     assert stages.read_stages(tmp_path / "empty.jsonl") is None

@@ -15,13 +15,14 @@ import string
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 from ferryman import envelope
 from ferryman.tracing import RecordSampler, RecordSpan, SpanShape, _lean, _sampling
 
 # _tracepath must be built here (the install builds it): a missing extension fails this module, never skips it.
 from ferryman.tracing import _tracepath as tracepath
 from ferryman.tracing._sampling import parse_traceparent, parse_traceparent_py
+from ferryman.tracing._spans import SOURCE_TIMESTAMP
 from ferryman.v1 import envelope_pb2
 from ferryman_deduper import _traces as deduper_traces
 from ferryman_deduper._traces import _index_of
@@ -190,7 +191,9 @@ def _fields(span: RecordSpan, ids: dict[str, str]) -> tuple[object, ...]:
 
 
 def _record(offset: int, headers: list[tuple[str, str | bytes | None]] | None) -> Message:
-    return Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v", headers=headers)
+    # Every fourth record without a timestamp (a record from a broker that keeps none): no timestamp attribute.
+    timestamp = (TIMESTAMP_NOT_AVAILABLE, 0) if offset % 4 == 0 else (TIMESTAMP_CREATE_TIME, 1_700_000_000_000 + offset)
+    return Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v", headers=headers, timestamp=timestamp)
 
 
 def test_the_compiled_wrapper_spans_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,6 +214,10 @@ def test_the_compiled_wrapper_spans_are_the_python_ones(monkeypatch: pytest.Monk
         made.append([(offset, type(span), _fields(span, ids)) for offset, span in got.spans])
     assert made[0] and [m[::2] for m in made[0]] == [m[::2] for m in made[1]]
     assert {m[1] for m in made[0]} == {tracepath.RecordSpan}
+    # The source timestamp rides on the span when the record has one (the wait before the wrapper took it).
+    stamped = {offset: dict(fields[7]).get(SOURCE_TIMESTAMP) for offset, _type, fields in made[0]}  # type: ignore[call-overload]
+    assert stamped == {o: None if o % 4 == 0 else 1_700_000_000_000 + o for o in stamped}
+    assert None in stamped.values() and len(set(stamped.values())) > 2
 
 
 def _envelope(traces: list[tuple[int, str, str]]) -> envelope.DecodedEnvelope:

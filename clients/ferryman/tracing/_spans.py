@@ -28,6 +28,9 @@ BATCH_COUNT = "messaging.batch.message_count"
 SOURCE_TOPIC = "ferryman.source.topic"
 SOURCE_PARTITION = "ferryman.source.partition"
 SOURCE_OFFSET = "ferryman.source.offset"
+#: The source record's Kafka timestamp (ms since the epoch, CreateTime or LogAppendTime as its topic keeps it), on
+#: the wrapper's span: with the span's start, how long the record waited before the wrapper took it.
+SOURCE_TIMESTAMP = "ferryman.source.timestamp"
 
 
 def kafka_attributes(operation: str, topic: str, partition: int, offset: int | None = None) -> dict[str, str | int]:

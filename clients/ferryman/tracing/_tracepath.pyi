@@ -13,7 +13,13 @@ def trace_id() -> str: ...
 def canonical_traceparent(value: object) -> bool | None: ...
 def record_traces_suffix(spans: list[tuple[int, RecordSpan]], after: int, upto: int) -> bytes | None: ...
 def start_spans(
-    decided: list[tuple[int, Any]], run: Sequence[Any], shape: SpanShape, now: int, offset_key: str, offset_new_key: str
+    decided: list[tuple[int, Any]],
+    run: Sequence[Any],
+    shape: SpanShape,
+    now: int,
+    offset_key: str,
+    offset_new_key: str,
+    timestamp_key: str,
 ) -> list[tuple[int, RecordSpan]]: ...
 def continue_traces(
     record_traces: dict[int, tuple[str, str]],

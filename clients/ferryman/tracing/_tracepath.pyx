@@ -329,18 +329,25 @@ cdef RecordSpan _span(object shape, str trace_id, str span_id, str parent_id, ob
     return span
 
 
-def start_spans(list decided, run, object shape, object now, str offset_key, str offset_new_key) -> list:
+def start_spans(list decided, run, object shape, object now, str offset_key, str offset_new_key,
+                str timestamp_key) -> list:
     """The wrapper's spans: ``(offset, span)`` for each ``(index, parent context or None)`` of decided.
 
     As ``ferryman_wrapper._traces.WrapperTraces.start`` makes them in Python: a
     record without context starts a trace, one with a sampled parent continues
-    it; the span's attributes are the record's offset under both keys.
+    it; the span's attributes are the record's offset under both keys, then its
+    timestamp when it has one.
     """
     cdef list spans = []
-    cdef object offset, parent, tp
+    cdef object offset, parent, tp, record
     for i, parent in decided:
-        offset = run[i].offset()
-        attributes = ((offset_key, offset), (offset_new_key, offset))
+        record = run[i]
+        offset = record.offset()
+        kind, timestamp = record.timestamp()
+        if kind:  # not TIMESTAMP_NOT_AVAILABLE
+            attributes = ((offset_key, offset), (offset_new_key, offset), (timestamp_key, timestamp))
+        else:
+            attributes = ((offset_key, offset), (offset_new_key, offset))
         if parent is None:
             span = _span(shape, trace_id(), span_id(), "", now, False, "", attributes)
         else:

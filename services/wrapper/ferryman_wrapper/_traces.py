@@ -27,11 +27,12 @@ from ferryman.tracing import (
     new_trace_id,
 )
 from ferryman.tracing._lean import tracepath
-from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW
+from ferryman.tracing._spans import CONSUMER_GROUP, OFFSET, OFFSET_NEW, SOURCE_TIMESTAMP
 from opentelemetry.trace import SpanKind
 
 _headers: Any = Message.headers
 _offset: Any = Message.offset
+_timestamp: Any = Message.timestamp
 
 
 @dataclass
@@ -98,15 +99,19 @@ class WrapperTraces:
         shape = self._shapes.get((topic, partition)) or self._shape(topic, partition)
         now = time.time_ns()
         if tracepath is not None:  # the same spans, made in C
-            return RunTraces(tracepath.start_spans(decided, run, shape, now, OFFSET, OFFSET_NEW), self._tracing)
+            made = tracepath.start_spans(decided, run, shape, now, OFFSET, OFFSET_NEW, SOURCE_TIMESTAMP)
+            return RunTraces(made, self._tracing)
         spans: list[tuple[int, RecordSpan]] = []
         for i, parent in decided:
             offset = _offset(run[i])
-            offsets = ((OFFSET, offset), (OFFSET_NEW, offset))
+            kind, timestamp = _timestamp(run[i])
+            attributes: tuple[tuple[str, int], ...] = ((OFFSET, offset), (OFFSET_NEW, offset))
+            if kind:  # not TIMESTAMP_NOT_AVAILABLE: when the source stamped it, for the wait before the wrapper
+                attributes += ((SOURCE_TIMESTAMP, timestamp),)
             if parent is None:  # a record without trace context starts a trace
-                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now, False, "", offsets)
+                span = RecordSpan(shape, new_trace_id(), new_span_id(), "", now, False, "", attributes)
             else:
                 tp = parent.traceparent
-                span = RecordSpan(shape, tp[3:35], new_span_id(), tp[36:52], now, True, parent.tracestate, offsets)
+                span = RecordSpan(shape, tp[3:35], new_span_id(), tp[36:52], now, True, parent.tracestate, attributes)
             spans.append((offset, span))
         return RunTraces(spans, self._tracing)
