@@ -110,7 +110,7 @@ class LatencyResult:
     started_s: float = math.nan
     """Epoch seconds when the load started (records the replicator took from then on are the phase's)."""
     stages: Mapping[str, object] = field(default_factory=dict)
-    """Where the phase's traced records spent their time inside Ferryman (``bench.stages``; a traced row
+    """Where the phase's traced records spent their time, stage by stage (``bench.stages``; a traced row
     only, read from its spans file once it has stopped), else empty."""
 
     @property
