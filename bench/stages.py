@@ -35,6 +35,8 @@ from pathlib import Path
 
 from ferryman.tracing._spans import SOURCE_TIMESTAMP
 
+from bench.latency import percentile
+
 #: The stages, in path order (the last two span others).
 STAGES = ("source", "wrapper", "staging", "commit", "ferryman", "total")
 #: Percentiles reported per stage.
@@ -93,12 +95,6 @@ def _micros(iso: str) -> int:
     return ((moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)) - _EPOCH) // _MICROSECOND
 
 
-def _percentile(sorted_values: list[float], q: int) -> float:
-    """Nearest-rank percentile of sorted values."""
-    rank = max(1, -(-q * len(sorted_values) // 100))
-    return sorted_values[rank - 1]
-
-
 def stage_latencies(lines: Iterable[str], since_s: float = 0.0) -> StageLatencies | None:
     """The stages of the records the wrapper took at or after ``since_s``; None when no record has both spans.
 
@@ -123,7 +119,7 @@ def stage_latencies(lines: Iterable[str], since_s: float = 0.0) -> StageLatencie
             if name.endswith(" process") and start >= since:
                 stamped = span["attributes"].get(SOURCE_TIMESTAMP)
                 wrapper[trace_id] = (start, end, None if stamped is None else int(stamped) * 1000)
-        elif name.endswith(" publish"):
+        elif name.endswith(" publish") and start >= since:  # it starts after the wrapper's span
             publish[trace_id] = (start, end)
     per_stage: dict[str, list[float]] = {name: [] for name in STAGES}
     for trace_id, (taken, handed, appended) in wrapper.items():
@@ -143,9 +139,7 @@ def stage_latencies(lines: Iterable[str], since_s: float = 0.0) -> StageLatencie
     records = len(per_stage["ferryman"])
     if not records:
         return None
-    stages = {
-        name: {q: _percentile(sorted(values), q) for q in PERCENTILES} for name, values in per_stage.items() if values
-    }
+    stages = {name: {q: percentile(values, q) for q in PERCENTILES} for name, values in per_stage.items() if values}
     starts = sorted(start for start, _ in commits)
     return StageLatencies(
         records=records,
