@@ -1150,13 +1150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             (lat_title, *latency_table(results, floor)),
         ]
     )
-    for line in footnotes(results, floor):
+    for line in footnotes(results, floor, together=cfg.together):
         print(line)
-    if cfg.together:
-        print(
-            "rows ran together (--together): compare their CPU per record; each rate is a share of the machine the "
-            "rows shared (their brokers among it), not the row's rate alone"
-        )
     if cfg.json_path:
         write_json(cfg.json_path, _describe(cfg, stage, reclaim, code), results, floor)
         _log(f"raw figures in {cfg.json_path}")

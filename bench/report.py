@@ -345,8 +345,8 @@ def latency_table(
     return header, cells
 
 
-def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) -> list[str]:
-    """What the marks in the tables mean, and why rows failed or were unavailable."""
+def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None, *, together: bool = False) -> list[str]:
+    """What the marks in the tables mean, and why rows failed or were unavailable (together: ``--together`` ran)."""
     lines = []
     cores = os.cpu_count() or 1
     named = _named_latencies(results, floor)
@@ -385,6 +385,11 @@ def footnotes(results: Sequence[RowResult], floor: LatencyResult | None = None) 
             "16-byte header and constant padding: real data compresses far less."
         )
     lines.extend(f"{r.row}: {r.status}: {reason}" for r in results for reason in r.reasons)
+    if together:
+        lines.append(
+            "rows ran together (--together): compare their CPU per record; each rate is a share of the machine the "
+            "rows shared (their brokers among it), not the row's rate alone"
+        )
     return lines
 
 

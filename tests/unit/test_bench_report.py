@@ -92,6 +92,12 @@ def test_an_incomplete_floor_is_reported() -> None:
     assert any(line.startswith(FLOOR_ROW) and "900 of 1,000 visible" in line for line in lines)
 
 
+def test_rows_run_together_say_their_rates_are_shares_of_the_machine() -> None:
+    rows = [_row("ferryman", _latency(busy=1.0))]
+    assert any(line.startswith("rows ran together (--together)") for line in footnotes(rows, together=True))
+    assert not any("--together" in line for line in footnotes(rows))
+
+
 def test_the_raw_figures_hold_the_floor_and_the_rigs_share(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     write_json(out, {"topic": "t"}, [_row("ferryman", _latency(busy=1.5))], _latency(busy=1.1))
