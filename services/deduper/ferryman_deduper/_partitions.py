@@ -4,10 +4,11 @@ Owns the staging consumer and which staging partitions this deduper writes
 for, and the committed state restored for them:
 
 * **assign**: new partitions are taken paused; their state is restored from
-  the loop (committed staging offsets first, then the state partition to its
-  last stable offset: any transaction that committed offsets for the partition
-  has finished, so the state read is exactly the committed state), then they
-  are resumed;
+  the loop (committed staging offsets first, then, once the transactions open
+  on the state partition have ended, the state partition to its last stable
+  offset: any transaction that committed offsets for the partition has
+  finished, so the state read is exactly the committed state), then they are
+  resumed;
 * **revoke**: the open transaction is committed first (cooperative
   rebalancing), or, if the partitions were lost, recovered from the loop;
 * **rewind**: after a failed transaction, owned partitions go back to their
@@ -198,8 +199,13 @@ class StagingPartitions:
         """Committed staging positions, then the state written with them.
 
         Order matters: committed() under read_committed waits for pending
-        transactional offset commits, so every transaction that committed these
-        offsets is complete before the state partitions are read.
+        transactional offset commits (KIP-447), so every transaction that
+        committed these offsets has been decided. Its markers on the state
+        partitions may still be on their way, though (they are written partition
+        by partition): the state is read once no transaction begun before is
+        open there (``read_compacted(settle=True)``). Reading at once restored
+        an empty state in a CI chaos run, and the records after it were written
+        a second time.
         """
         tps = [TopicPartition(self._staging_topic, sp) for sp in partitions]
         committed = retry_retriable(
@@ -207,7 +213,7 @@ class StagingPartitions:
             what="reading committed staging offsets",
             budget_s=RESTORE_BUDGET_S,
         )
-        records = read_compacted(self._restore_config(), self._state_topic, partitions, RESTORE_BUDGET_S)
+        records = read_compacted(self._restore_config(), self._state_topic, partitions, RESTORE_BUDGET_S, settle=True)
         self._forget(partitions)
         restored = 0
         for recs in records.values():

@@ -1,0 +1,178 @@
+"""Restoring a deduper's state while a transaction on the state topic is still ending (real brokers).
+
+A transaction's commit markers reach its partitions one by one after the
+coordinator's decision: a CI chaos run saw a state partition's marker written
+0.2 s after the staging offsets' one, and the deduper that took the staging
+partition meanwhile restored no state and wrote its records again. A marker on
+its way looks, to a reader, like an open transaction: the last stable offset
+stops before its records. These tests hold a transaction open on the state
+partition, end it from another thread, and check that the restore waits for
+it and reads its records.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from ferryman import envelope
+from ferryman.config import ClusterConfig
+from ferryman.errors import KafkaOperationError
+from ferryman.health import ClusterHealth
+from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
+from ferryman.v1 import state_pb2
+from ferryman_deduper._partitions import StagingPartitions
+
+from tests.helpers.kafka import KafkaCluster, create_topic
+
+pytestmark = pytest.mark.integration
+
+_CLUSTER = "source-cluster-id"
+_KEY = PartitionKey("orders", 3)
+_PARTITIONS = 2
+
+
+def _state(watermark: int) -> bytes:
+    return state_pb2.WatermarkState(watermark=watermark, destination_topic="src.orders").SerializeToString()
+
+
+def _producer(bootstrap: str, txn_id: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "transaction.timeout.ms": 60_000})
+    p.init_transactions(30)
+    return p
+
+
+def _write(p: Producer, topic: str, partition: int, watermark: int) -> None:
+    p.produce(topic, key=_KEY.encode(_CLUSTER), value=_state(watermark), partition=partition)
+    p.flush(30)
+
+
+@contextmanager
+def _ended_later(p: Producer, delay_s: float, *, commit: bool) -> Iterator[list[float]]:
+    """End p's open transaction delay_s from now, from another thread; yields [monotonic time it ended]."""
+    ended: list[float] = []
+
+    def end() -> None:
+        time.sleep(delay_s)
+        (p.commit_transaction if commit else p.abort_transaction)(30)
+        ended.append(time.monotonic())
+
+    t = threading.Thread(target=end, name="end-transaction")
+    t.start()
+    try:
+        yield ended
+    finally:
+        t.join(60)
+
+
+def _read(bootstrap: str, topic: str, partition: int, *, settle: bool, timeout_s: float = 30) -> dict[bytes, bytes]:
+    conf = {"bootstrap.servers": bootstrap, "group.id": f"restore-{topic}"}
+    out = read_compacted(conf, topic, [partition], timeout_s, settle=settle)[partition]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@pytest.fixture
+def state_topic(destination_cluster: KafkaCluster, unique_name: Callable[[str], str]) -> str:
+    topic = unique_name("state")
+    create_topic(destination_cluster.bootstrap_servers, topic, _PARTITIONS, COMPACTED_TOPIC_CONFIGS)
+    return topic
+
+
+def test_settled_read_waits_for_a_transaction_ending_and_reads_its_records(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    bootstrap = destination_cluster.bootstrap_servers
+    p = _producer(bootstrap, unique_name("txn"))
+    p.begin_transaction()
+    _write(p, state_topic, 0, 100)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    _write(p, state_topic, 0, 200)
+    # What the restore read before the fix: the committed state only, at once.
+    assert _read(bootstrap, state_topic, 0, settle=False) == {_KEY.encode(_CLUSTER): _state(100)}
+    with _ended_later(p, 1.5, commit=True) as ended:
+        got = _read(bootstrap, state_topic, 0, settle=True)
+        read_at = time.monotonic()
+    assert got == {_KEY.encode(_CLUSTER): _state(200)}
+    assert ended and read_at >= ended[0]
+    # The other partition, never written, is read at once.
+    assert _read(bootstrap, state_topic, 1, settle=True) == {}
+
+
+def test_settled_read_after_an_abort_keeps_the_committed_state(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    bootstrap = destination_cluster.bootstrap_servers
+    p = _producer(bootstrap, unique_name("txn"))
+    p.begin_transaction()
+    _write(p, state_topic, 1, 7)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    _write(p, state_topic, 1, 9)
+    with _ended_later(p, 1.0, commit=False) as ended:
+        got = _read(bootstrap, state_topic, 1, settle=True)
+        read_at = time.monotonic()
+    assert got == {_KEY.encode(_CLUSTER): _state(7)}
+    assert ended and read_at >= ended[0]
+
+
+def test_settled_read_names_the_open_transaction_when_it_outlives_the_budget(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    bootstrap = destination_cluster.bootstrap_servers
+    p = _producer(bootstrap, unique_name("txn"))
+    p.begin_transaction()
+    _write(p, state_topic, 0, 5)
+    started = time.monotonic()
+    with pytest.raises(KafkaOperationError) as info:
+        _read(bootstrap, state_topic, 0, settle=True, timeout_s=2)
+    assert 1.5 <= time.monotonic() - started < 15
+    assert f"waiting for the transactions open on {state_topic}" in str(info.value)
+    assert "[0] last stable offset 0 < high watermark 1" in str(info.value)
+    p.abort_transaction(30)
+
+
+def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    """StagingPartitions.restore: committed offsets first, then the state once its transaction has ended."""
+    bootstrap = destination_cluster.bootstrap_servers
+    staging = unique_name("staging")
+    create_topic(bootstrap, staging, _PARTITIONS)
+    group = unique_name("dedupers")
+    sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
+    consumer = Consumer(conf)
+    parts = StagingPartitions(
+        make_consumer=lambda: Consumer(conf),
+        staging_topic=staging,
+        state_topic=state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+    )
+    parts.consumer = consumer
+    try:
+        # The previous owner's transaction: state and staging offsets, committed.
+        p = _producer(bootstrap, unique_name("txn"))
+        p.begin_transaction()
+        _write(p, state_topic, sp, 41)
+        p.send_offsets_to_transaction([TopicPartition(staging, sp, 12)], consumer.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+        # Its next one still writing markers when the restore starts: seen as open until it ends.
+        p.begin_transaction()
+        _write(p, state_topic, sp, 57)
+        with _ended_later(p, 1.5, commit=True):
+            positions = parts.restore([sp])
+        assert positions == {sp: 12}
+        state = parts.state_of(_KEY)
+        assert state is not None and state.watermark == 57
+        assert parts.dest_topics[_KEY] == "src.orders"
+    finally:
+        consumer.close()
