@@ -9,7 +9,6 @@ staging partition ``s`` restores exactly state partition ``s``.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,10 +18,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from ferryman.envelope import consecutive
 from ferryman.errors import KafkaOperationError
-from ferryman.topics import watermark_offsets
+from ferryman.topics import settled_ends, watermark_offsets
 from ferryman.v1 import envelope_pb2, state_pb2
-
-_log = logging.getLogger(__name__)
 
 #: Configs of the compacted internal topics (state, topic specs, offset map).
 COMPACTED_TOPIC_CONFIGS = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
@@ -84,11 +81,6 @@ class PartitionKey:
 
 #: fetch.wait.max.ms of restore readers (see read_compacted).
 _RESTORE_FETCH_WAIT_MS = 10
-#: How often settled_ends asks for the last stable offsets again; a wait longer than _SETTLE_LOG_S is logged.
-_SETTLE_POLL_S = 0.02
-_SETTLE_LOG_S = 0.1
-#: The least time given to one ask for offsets in settled_ends.
-_SETTLE_ASK_MIN_S = 2.0
 
 
 def read_compacted(
@@ -141,7 +133,8 @@ def read_compacted(
         # (OFFSET_NOT_AVAILABLE, KIP-207) and retried, like a leadership move or a topic
         # created a moment ago. An empty partition (low == end) has nothing to restore.
         if settle:
-            ends = settled_ends(conf, consumer, topic, parts, deadline)
+            settled = settled_ends(conf, consumer, [(topic, p) for p in parts], deadline)
+            ends = {p: settled[(topic, p)] for p in parts}
         else:
             ends = {p: watermark_offsets(consumer, topic, p, budget_s=timeout_s) for p in parts}
         pending = {p for p, (low, end) in ends.items() if low < end}
@@ -171,55 +164,6 @@ def read_compacted(
     finally:
         consumer.close()
     return out
-
-
-def settled_ends(
-    consumer_config: dict[str, Any], consumer: Consumer, topic: str, parts: list[int], deadline: float
-) -> dict[int, tuple[int, int]]:
-    """Each partition's (low, last stable offset) once no transaction begun before the call is open there.
-
-    The high watermarks are taken first (read_uncommitted); then the last stable
-    offsets (consumer, read_committed) are asked for until each has reached its
-    high watermark. A transaction's markers reach its partitions one by one
-    after the coordinator's decision, so a reader that knows the transaction
-    committed (its offsets are visible: committed() under read_committed waits
-    for them, KIP-447) must wait for the markers of the partitions it reads too:
-    a CI chaos run caught a state partition's marker written 0.2 s after the
-    offsets' one, and a deduper that read it meanwhile restored no state. An
-    open transaction that is not decided yet holds the wait until it ends
-    (a dead writer's: transaction.timeout.ms).
-
-    Raises:
-        KafkaOperationError: a transaction still open at deadline (transient).
-    """
-    probe = Consumer({**consumer_config, "isolation.level": "read_uncommitted"})
-    try:
-        budget = max(_SETTLE_ASK_MIN_S, deadline - time.monotonic())
-        highs = {p: watermark_offsets(probe, topic, p, budget_s=budget)[1] for p in parts}
-    finally:
-        probe.close()
-    started = time.monotonic()
-    while True:
-        # The last ask may overrun the deadline a little rather than time out with the answer on its way.
-        budget = max(_SETTLE_ASK_MIN_S, deadline - time.monotonic())
-        ends = {p: watermark_offsets(consumer, topic, p, budget_s=budget) for p in parts}
-        open_ = {p: (ends[p][1], highs[p]) for p in parts if ends[p][1] < highs[p]}
-        if not open_:
-            if time.monotonic() - started > _SETTLE_LOG_S:
-                _log.info("%s partitions %s settled after %.2f s", topic, parts, time.monotonic() - started)
-            return ends
-        if time.monotonic() >= deadline:
-            detail = ", ".join(
-                f"[{p}] last stable offset {lso} < high watermark {hw}" for p, (lso, hw) in open_.items()
-            )
-            raise KafkaOperationError(
-                f"waiting for the transactions open on {topic} to end ({detail})",
-                TimeoutError(
-                    "a transaction's markers are not written yet, or its writer is gone and the "
-                    "coordinator has not aborted it yet (transaction.timeout.ms)"
-                ),
-            )
-        time.sleep(_SETTLE_POLL_S)
 
 
 def decode_watermarks(

@@ -36,6 +36,11 @@ T = TypeVar("T")
 
 #: Budget of the metadata request that refreshes a partition librdkafka calls unknown (one round trip).
 _METADATA_REFRESH_S = 5.0
+#: How often settled_ends asks for the last stable offsets again; a wait longer than _SETTLE_LOG_S is logged.
+_SETTLE_POLL_S = 0.02
+_SETTLE_LOG_S = 0.1
+#: The least time given to one ask for offsets in settled_ends.
+_SETTLE_ASK_MIN_S = 2.0
 
 
 def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
@@ -106,6 +111,66 @@ def watermark_offsets(consumer: Consumer, topic: str, partition: int, *, budget_
             raise
 
     return retry_retriable(ask, what=f"reading the offsets of {topic} [{partition}]", budget_s=budget_s)
+
+
+def settled_ends(
+    consumer_config: Mapping[str, object],
+    consumer: Consumer,
+    partitions: Sequence[tuple[str, int]],
+    deadline: float,
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each (topic, partition)'s (low, last stable offset) once no transaction begun before the call is open there.
+
+    The high watermarks are taken first (a read_uncommitted probe built from
+    consumer_config); then the last stable offsets (consumer, read_committed)
+    are asked for until each has reached its high watermark. A transaction's
+    markers reach its partitions one by one after the coordinator's decision:
+    a reader that knows a transaction committed (its offsets or its state are
+    visible) must wait for the markers of the other partitions it reads too.
+    A CI chaos run caught a state partition's marker written 0.2 s after the
+    offsets' one, and a deduper that read it meanwhile restored no state. A
+    transaction not decided yet holds the wait until it ends (a dead writer's:
+    transaction.timeout.ms).
+
+    Raises:
+        KafkaOperationError: a transaction still open at deadline (transient).
+    """
+    probe = Consumer({**consumer_config, "isolation.level": "read_uncommitted"})
+    try:
+        highs = {
+            tp: watermark_offsets(probe, *tp, budget_s=max(_SETTLE_ASK_MIN_S, deadline - time.monotonic()))[1]
+            for tp in partitions
+        }
+    finally:
+        probe.close()
+    started = time.monotonic()
+    ends: dict[tuple[str, int], tuple[int, int]] = {}
+    unsettled = list(partitions)
+    while True:
+        # The last ask may overrun the deadline a little rather than time out with the answer on its way.
+        budget = max(_SETTLE_ASK_MIN_S, deadline - time.monotonic())
+        for tp in unsettled:
+            ends[tp] = watermark_offsets(consumer, *tp, budget_s=budget)
+        unsettled = [tp for tp in unsettled if ends[tp][1] < highs[tp]]
+        waited = time.monotonic() - started
+        if not unsettled:
+            if waited > _SETTLE_LOG_S:
+                _log.info("%d partitions settled after %.2f s", len(partitions), waited)
+            return ends
+        if time.monotonic() >= deadline:
+            shown = ", ".join(
+                f"{t} [{p}] last stable offset {ends[(t, p)][1]} < high watermark {highs[(t, p)]}"
+                for t, p in unsettled[:5]
+            )
+            where = f"{len(unsettled)} partition{'s' if len(unsettled) > 1 else ''}"
+            raise KafkaOperationError(
+                f"waiting {waited:.0f} s for the transactions open on {where} to end ({shown})",
+                TimeoutError(
+                    "a transaction's markers are not written yet, or its writer is gone and the coordinator "
+                    "has not aborted it yet (transaction.timeout.ms)"
+                ),
+            )
+        time.sleep(_SETTLE_POLL_S)
 
 
 def committed_ranges(

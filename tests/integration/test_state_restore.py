@@ -131,8 +131,8 @@ def test_settled_read_names_the_open_transaction_when_it_outlives_the_budget(
     with pytest.raises(KafkaOperationError) as info:
         _read(bootstrap, state_topic, 0, settle=True, timeout_s=2)
     assert 1.5 <= time.monotonic() - started < 15
-    assert f"waiting for the transactions open on {state_topic}" in str(info.value)
-    assert "[0] last stable offset 0 < high watermark 1" in str(info.value)
+    assert "for the transactions open on 1 partition to end" in str(info.value)
+    assert f"{state_topic} [0] last stable offset 0 < high watermark 1" in str(info.value)
     p.abort_transaction(30)
 
 

@@ -15,9 +15,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.client_config import base_config
 from ferryman.config import ClusterConfig, FerrymanConfig, FlowConfig
+from ferryman.errors import KafkaOperationError
 from ferryman.naming import FlowNames, NamingPolicy, TopicFilter
 from ferryman.state import decode_watermarks, read_compacted
-from ferryman.topics import cluster_id, describe_topics, list_topic_names, watermark_offsets
+from ferryman.topics import cluster_id, describe_topics, list_topic_names, settled_ends, watermark_offsets
 
 from ferryman_auditor._errors import AuditCancelledError, AuditError, AuditUsageError
 from ferryman_auditor._plan import AuditRange, PartitionPlan, plan_partition
@@ -53,7 +54,8 @@ class _Kafka:
     def __init__(self, cluster: ClusterConfig, client_id: str, timeout_s: float) -> None:
         self.conf = _kafka_conf(cluster, client_id)
         self.admin = AdminClient(self.conf)
-        self.consumer = Consumer({**self.conf, "group.id": f"{client_id}-planner", "isolation.level": "read_committed"})
+        self._group = f"{client_id}-planner"
+        self.consumer = Consumer({**self.conf, "group.id": self._group, "isolation.level": "read_committed"})
         self.timeout_s = timeout_s
 
     def close(self) -> None:
@@ -64,6 +66,11 @@ class _Kafka:
 
     def marks(self, topic: str, partition: int) -> tuple[int, int]:
         return watermark_offsets(self.consumer, topic, partition, budget_s=self.timeout_s)
+
+    def settled_marks(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(low, last stable offset) of each partition once the transactions open there now have ended."""
+        conf = {**self.conf, "group.id": self._group}
+        return settled_ends(conf, self.consumer, partitions, time.monotonic() + self.timeout_s)
 
     def offsets_for_time(self, topic: str, partitions: Iterable[int], ms: int | None) -> dict[int, int]:
         if ms is None:
@@ -119,7 +126,7 @@ def run_audit(
         plans, map_end, map_start = _plan(
             flow=flow, names=names, audit_range=audit_range, checkpoint=checkpoint, src=src, dst=dst
         )
-    except KafkaException as exc:
+    except (KafkaException, KafkaOperationError) as exc:
         raise AuditError(f"planning the audit of flow {flow.name}: {exc}") from exc
     finally:
         src.close()
@@ -200,7 +207,11 @@ def _plan(
         if not state_parts:
             return None
         raw = read_compacted(
-            {**dst.conf, "group.id": "ferryman-auditor-state"}, names.state_topic, range(state_parts), dst.timeout_s
+            {**dst.conf, "group.id": "ferryman-auditor-state"},
+            names.state_topic,
+            range(state_parts),
+            dst.timeout_s,
+            settle=True,
         )
         merged = {k: v for part in raw.values() for k, v in part.items()}
         return {(k.topic, k.partition): st.watermark for k, st in decode_watermarks(merged, source_id).items()}
@@ -210,10 +221,9 @@ def _plan(
     dest_names = {t: policy.destination_topic(t) for t in topics}
     dest_partitions = dst.partitions(dest_names.values())
     source_marks = {(t, p): src.marks(t, p) for t in topics for p in range(source_partitions[t])}
-    dest_marks = {
-        (t, p): dst.marks(dest_names[t], p) if p < dest_partitions.get(dest_names[t], 0) else (0, 0)
-        for (t, p) in source_marks
-    }
+    present = [(t, p) for (t, p) in source_marks if p < dest_partitions.get(dest_names[t], 0)]
+    settled = dst.settled_marks([(dest_names[t], p) for t, p in present])
+    dest_marks = {(t, p): settled[(dest_names[t], p)] if (t, p) in present else (0, 0) for (t, p) in source_marks}
     # 4. The watermarks again, W2: the lookahead.
     w2 = watermarks()
     _check_partitions(audit_range, source_partitions)

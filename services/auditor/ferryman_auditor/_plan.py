@@ -14,6 +14,17 @@ partition's watermark only grows):
    lookahead, so those copies are recognised and left to the next audit
    instead of being reported as unexpected.
 
+"Committed" is not "visible everywhere at once": the coordinator writes a
+transaction's markers partition by partition after its decision, so a
+watermark can be visible while the same transaction's copies, or its
+watermark while its offset-map records, are not yet. So reads 2, 3 and 4
+each first wait until no transaction begun before them is open on the
+partitions they read (``ferryman.topics.settled_ends``): whatever the
+previous read saw committed is then visible to this one. A running flow's
+open transaction ends within its interval; a dead deduper's holds the audit
+until the coordinator aborts it, and past the audit's budget the planning
+fails (transient: the next run plans again).
+
 A source without a committed watermark (no state topic: the flow was never
 run, or the audit compares topics the flow did not write) is expected whole,
 up to its last stable offset.
