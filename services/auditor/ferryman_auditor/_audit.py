@@ -223,7 +223,8 @@ def _plan(
     source_marks = {(t, p): src.marks(t, p) for t in topics for p in range(source_partitions[t])}
     present = [(t, p) for (t, p) in source_marks if p < dest_partitions.get(dest_names[t], 0)]
     settled = dst.settled_marks([(dest_names[t], p) for t, p in present])
-    dest_marks = {(t, p): settled[(dest_names[t], p)] if (t, p) in present else (0, 0) for (t, p) in source_marks}
+    dest_marks = dict.fromkeys(source_marks, (0, 0))
+    dest_marks.update({(t, p): settled[(dest_names[t], p)] for t, p in present})
     # 4. The watermarks again, W2: the lookahead.
     w2 = watermarks()
     _check_partitions(audit_range, source_partitions)
