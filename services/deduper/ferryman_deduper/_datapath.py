@@ -105,10 +105,7 @@ class DataPath:
         err = msg.error()
         sp = msg.partition()
         if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return
-            self._parts.on_consumer_error(err)  # a fatal one is acted on by the loop (_check_callbacks)
-            return
+            return  # handed over when the batch was consumed (StagingPartitions.note_errors)
         if sp is None or sp not in self._parts.owned:
             return
         self._txn.begin()

@@ -479,6 +479,7 @@ class Deduper:
         """One consume() batch through the open transaction, committing on its budget."""
         timeout = self._dc.poll_timeout_ms / 1000
         msgs = self._parts.consumer.consume(num_messages=self._dc.consume_batch_size, timeout=timeout)
+        self._parts.note_errors(msgs)  # first: the batch may be dropped below
         self._check_callbacks()
         if self._recovery is not None:
             return  # a revoke's commit failed: the batch is read again after the rewind
@@ -556,7 +557,7 @@ class Deduper:
     def _serve_consumer(self) -> None:
         """Keep the group membership alive while recovering: serve callbacks, drop records (rewound later)."""
         try:
-            self._parts.consumer.consume(num_messages=self._dc.consume_batch_size, timeout=0)
+            self._parts.note_errors(self._parts.consumer.consume(num_messages=self._dc.consume_batch_size, timeout=0))
         except (KafkaException, RuntimeError) as exc:
             _log.debug("staging consumer while recovering: %s", exc)
 

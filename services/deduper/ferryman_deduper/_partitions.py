@@ -129,6 +129,21 @@ class StagingPartitions:
         else:
             self._health.client_error(err, "staging consumer")
 
+    def note_errors(self, msgs: list[Message]) -> None:
+        """Hand a consumed batch's error events to on_consumer_error, before the loop reads or drops the batch.
+
+        A group consumer's fatal error (a static member fenced) comes once, as an event
+        of a consume() batch: librdkafka does not give it to error_cb. The loop drops
+        a batch when a rebalance callback of the same consume() failed, or while it
+        recovers; an event dropped with it would leave the dead consumer in place for
+        good (a long chaos run: a session timeout's lost partitions and the fence came
+        in one batch, and the deduper owned nothing from then on).
+        """
+        for msg in msgs:
+            err = msg.error()
+            if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                self.on_consumer_error(err)
+
     @property
     def consumer_failed(self) -> bool:
         """The consumer hit a fatal error: call check_consumer() from the loop."""

@@ -430,10 +430,15 @@ class Wrapper:
         """One consume() batch wrapped, then what is due: commits, progress, discovery, client failures."""
         timeout = self._wc.poll_timeout_ms / 1000
         msgs = self._consumer.consume(num_messages=self._wc.consume_batch_size, timeout=timeout)
+        flags = batch_flags(msgs)
+        if flags.errors:
+            # Before _check_callbacks, which may raise and drop the batch: a group consumer's
+            # fatal error comes once, as an event of a batch (librdkafka gives error_cb none).
+            msgs = self._records_only(msgs)
         self._check_callbacks()
         if msgs:
             self.source_health.up()
-            self._wrap(msgs)
+            self._wrap(msgs, headers=flags.headers)
         self._producer.poll(0)
         if self._producer_fatal is not None:
             self._rebuild_producer()
@@ -822,15 +827,13 @@ class Wrapper:
         return f"recovering: {self._recovering}" if self._recovering else ""
 
     # ---------------------------------------------------------------- data path
-    def _wrap(self, msgs: Sequence[Message]) -> None:
-        flags = batch_flags(msgs)
-        if flags.errors:
-            msgs = self._records_only(msgs)
+    def _wrap(self, msgs: Sequence[Message], *, headers: bool) -> None:
+        """Wrap a batch of records (no error events); headers: whether one of them may have headers."""
         for (topic, partition), run in partition_runs(msgs).items():
             key = PartitionKey(topic, partition)
             if key not in self._parts.chain:
                 continue  # revoked while the batch was in hand
-            self._send_run(key, run, headers=flags.headers)
+            self._send_run(key, run, headers=headers)
 
     def _records_only(self, msgs: Sequence[Message]) -> list[Message]:
         """The records of a batch that also holds error events, which are handled here (or raise)."""
