@@ -513,11 +513,15 @@ class Deduper:
             # The open transaction's offsets belong to the old consumer's generation: abort it first.
             if self._txn.open:
                 self._txn.recover(_abortable("the staging consumer was fenced"), "staging consumer fenced")
-            self._gaps.clear()
-            self._parts.check_consumer()
+            self._replace_failed_consumer()
         elif self._parts.rejoin_due and self._commit("rejoin"):
             # The open transaction is committed first, so that the revoke which follows finds nothing to commit.
             self._parts.rejoin()
+
+    def _replace_failed_consumer(self) -> None:
+        """A new staging consumer for one that hit a fatal error; the open transaction is aborted already."""
+        self._gaps.clear()
+        self._parts.check_consumer()
 
     def _fail(self, exc: BaseException, what: str) -> None:
         """A step failed with a transient fault: recover from the loop, with backoff if need be."""
@@ -535,6 +539,11 @@ class Deduper:
         exc, what = self._recovery
         try:
             self._txn.recover(exc, what)
+            if self._parts.consumer_failed:
+                # Fenced while backing off (_serve_consumer noted it): every seek of the rewind
+                # would fail on the dead consumer, a transient error for ever. Replace it first;
+                # its partitions go with it, and the new consumer restores what it is assigned.
+                self._replace_failed_consumer()
             self._rewind()
         except FencedError:
             raise

@@ -638,7 +638,29 @@ class Wrapper:
             try:
                 self._consumer.seek(TopicPartition(key.topic, key.partition, nxt if logical is None else logical))
             except KafkaException as exc:
+                if exc.args[0].code() == KafkaError._STATE:
+                    self._replace_unfetching_consumer(key, exc)
+                    return
                 raise KafkaOperationError(f"seeking source partition {key} to {nxt}", exc) from exc
+
+    def _replace_unfetching_consumer(self, key: PartitionKey, exc: KafkaException) -> None:
+        """A rewind found a partition no longer fetched: the consumer lost it with no rebalance callback.
+
+        It failed: fenced while the loop backed off, which does not consume, so its
+        fatal error (an event of the next batch) is still unread. Every seek would
+        fail the same way, a transient error for ever. The batch's error events are
+        taken first, so that a fence is counted (a twin stops the wrapper); the
+        consumer is replaced either way, and every partition starts again from its
+        commit (the records of that batch with it).
+        """
+        for msg in self._consumer.consume(num_messages=self._wc.consume_batch_size, timeout=0):
+            err = msg.error()
+            if err is not None and is_fatal_client_error(err):
+                self._on_consumer_error(err)
+        if self._consumer_fatal is not None:
+            self._check_callbacks()
+        else:
+            self._rebuild_consumer(f"source partition {key} is no longer fetched ({exc.args[0].str()})")
 
     def _rebuild_producer(self) -> None:
         err = self._producer_fatal

@@ -1,0 +1,211 @@
+"""A service whose group consumer is fenced while it recovers from another fault (real brokers).
+
+A static member's fatal error comes once, as an event of a consume() batch. A
+recovery rewinds by seeking the consumer's partitions; on a fenced consumer
+every seek fails (``_STATE``: the partition is not fetched), a transient error,
+so a recovery that seeks before replacing the consumer backs off for ever and
+the service replicates nothing again:
+
+* the deduper keeps its membership alive while it backs off
+  (``Deduper._serve_consumer``), so it takes the fence then, and must replace
+  the consumer before the rewind;
+* the wrapper does not consume while it backs off, so the event is still unread
+  when its rewind seeks: a partition no longer fetched means the consumer is
+  gone, and it must be replaced.
+
+Each service runs in process. The first fault is played by its step failing
+once, the destination "away" by the next step of its recovery failing until the
+test lets it through; the fence is real: a twin consumer joins the group with
+the service's ``group.instance.id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from ferryman.config import FerrymanConfig, parse_config
+from ferryman.errors import KafkaOperationError
+from ferryman.watchdog import park
+from ferryman_deduper._deduper import Deduper
+from ferryman_wrapper._wrapper import Wrapper
+
+from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences
+from tests.helpers.services import flow_config
+
+pytestmark = pytest.mark.integration
+
+_PARTITIONS = 2
+_TIMEOUT_S = 60.0
+
+
+class _Service(Protocol):
+    def run(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def _wait(what: str, done: Callable[[], bool], tick: Callable[[], Any] | None = None) -> None:
+    deadline = time.monotonic() + _TIMEOUT_S
+    while not done():
+        assert time.monotonic() < deadline, f"not within {_TIMEOUT_S:g} s: {what}"
+        if tick is not None:
+            tick()
+        else:
+            time.sleep(0.1)  # polling another thread's state: nothing to block on
+
+
+def _transport(what: str) -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._TRANSPORT, f"played: {what}"))
+
+
+class _Faults:
+    """The service's step fails once when tripped; its recovery fails while the destination is "away"."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, service: Deduper | Wrapper, recovery: tuple[object, str]
+    ) -> None:
+        self.trip = threading.Event()
+        self.away = threading.Event()
+        self.recover_calls = 0
+        step = service._step
+        owner, name = recovery
+        recover = getattr(owner, name)
+
+        def failing_step() -> None:
+            if self.trip.is_set():
+                self.trip.clear()
+                raise _transport("the destination went away")
+            step()
+
+        def failing_recover(*args: Any, **kwargs: Any) -> Any:
+            self.recover_calls += 1
+            if self.away.is_set():
+                raise KafkaOperationError(f"recovering ({name})", _transport("still away"))
+            return recover(*args, **kwargs)
+
+        monkeypatch.setattr(service, "_step", failing_step)
+        monkeypatch.setattr(owner, name, failing_recover)
+
+    def start(self) -> None:
+        self.away.set()
+        self.trip.set()
+        _wait("the service recovers and backs off", lambda: self.recover_calls >= 2)
+
+
+def _twin(bootstrap: str, group: str, instance_id: str, topic: str) -> Consumer:
+    """A consumer with the service's group.instance.id: its join fences the service's member."""
+    twin = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.instance.id": instance_id,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 6000,
+            "isolation.level": "read_committed",
+        }
+    )
+    twin.subscribe([topic])
+    _wait("the twin is assigned", lambda: bool(twin.assignment()), tick=lambda: twin.consume(timeout=0.2))
+    return twin
+
+
+@contextlib.contextmanager
+def _running(service: _Service) -> Iterator[None]:
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # reported after the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=type(service).__name__, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        service.shutdown()
+        thread.join(_TIMEOUT_S)
+        assert not thread.is_alive(), f"{type(service).__name__} did not stop"
+        assert not failure, failure
+
+
+@pytest.fixture
+def config(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str]
+) -> FerrymanConfig:
+    topic = unique_name("src")
+    create_topic(source_cluster.bootstrap_servers, topic, _PARTITIONS)
+    return parse_config(
+        flow_config(
+            source_bootstrap=source_cluster.bootstrap_servers,
+            destination_bootstrap=destination_cluster.bootstrap_servers,
+            flow=unique_name("fence"),
+            topics=[topic],
+            staging_partitions=_PARTITIONS,
+            wrapper={"session_timeout_ms": 6000},
+            deduper={"instance_id": "d1", "session_timeout_ms": 6000},
+        )
+    )
+
+
+def test_the_deduper_replaces_a_consumer_fenced_while_it_recovers_before_the_rewind(
+    config: FerrymanConfig, destination_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deduper = Deduper(config, config.flows[0])
+    parts, all_partitions = deduper._parts, set(range(_PARTITIONS))
+    with _running(deduper):
+        _wait("the deduper owns every staging partition", lambda: parts.owned == all_partitions)
+        faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
+        faults.start()
+        assert parts.owned == all_partitions  # still ours: the rewind will seek them
+        names = deduper._names
+        twin = _twin(destination_cluster.bootstrap_servers, names.deduper_group, "d1", names.staging_topic)
+        try:
+            _wait("the fence is noted while recovering", lambda: parts.consumer_failed)
+            assert deduper._recovery is not None and parts.consumer_rebuilds == 0
+
+            faults.away.clear()
+            # A new consumer, whose join fences the twin (no longer polled); it takes every partition again.
+            _wait("the deduper recovers", lambda: deduper._recovery is None)
+            _wait("the deduper owns every staging partition again", lambda: parts.owned == all_partitions)
+            assert parts.consumer_rebuilds == 1
+            status = deduper.status()
+            assert status.unavailable_reason == ""
+            assert sorted(status.assigned_staging_partitions) == sorted(all_partitions)
+        finally:
+            park(twin)  # fenced by the new consumer: its close() would not return
+
+
+def test_the_wrapper_replaces_a_consumer_fenced_while_it_recovers(
+    config: FerrymanConfig, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrapper = Wrapper(config, config.flows[0])
+    (topic,) = config.flows[0].topics
+    bootstrap = source_cluster.bootstrap_servers
+    produce_sequences(bootstrap, topic, _PARTITIONS, 10)
+    with _running(wrapper):
+        _wait("the wrapper sent every record", lambda: wrapper.records_sent >= 10 * _PARTITIONS)
+        faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
+        faults.start()
+        assert wrapper._recovering
+        assert wrapper._static_id is not None
+        twin = _twin(bootstrap, wrapper._names.wrapper_group, wrapper._static_id, topic)
+        try:
+            # The member learns of the fence at its next heartbeat: librdkafka then stops its fetchers.
+            _wait("the wrapper's consumer is fenced", lambda: not wrapper._consumer.assignment())
+            faults.away.clear()
+            # The rewind finds its partitions no longer fetched: a new consumer, whose join fences the twin.
+            _wait("the wrapper recovers", lambda: not wrapper._recovering)
+            assert wrapper.consumer_rebuilds == 1
+            sent = wrapper.records_sent
+            produce_sequences(bootstrap, topic, _PARTITIONS, 10, start=10)
+            _wait("the wrapper sends again", lambda: wrapper.records_sent >= sent + 10 * _PARTITIONS)
+            assert wrapper.status().unavailable_reason == ""
+        finally:
+            park(twin)  # fenced by the new consumer: its close() would not return
