@@ -41,6 +41,12 @@ _UNREACHABLE_CODES = frozenset({KafkaError._ALL_BROKERS_DOWN})
 _NOISE_CODES = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._ALL_BROKERS_DOWN})
 
 
+#: A recovery that has failed this long while its clusters answer metadata requests is stuck on a client,
+#: not on a cluster: the service replaces its group consumer (`StuckRecovery`). Four times the longest
+#: recovery of the long chaos run (15 s), so an outage that is merely slow to clear is never taken for it.
+STUCK_RECOVERY_S = 60.0
+
+
 def describe_cluster(alias: str, cluster: ClusterConfig) -> str:
     """``cluster 'alias' (host:port,...)``: how errors name a cluster."""
     return f"cluster {alias!r} ({cluster.bootstrap_servers})"
@@ -185,3 +191,44 @@ def wait_until_reachable(admin: AdminClient, alias: str, cluster: ClusterConfig,
                 )
                 next_log = now + STILL_DOWN_LOG_INTERVAL_S
             time.sleep(min(1.0, max(0.0, deadline_s - (now - started))))  # back off between metadata requests
+
+
+class StuckRecovery:
+    """Tells a recovery stuck on a client from one that waits out its cluster (loop thread only).
+
+    The group consumer is the client whose failures can go unseen: its fatal error
+    comes once, as an event of a batch, and then its seeks fail as a transient
+    error would. Two such stalls were found and fixed (a lost fatal event; a fence
+    while a recovery backed off); this is the net for the next one. Replacing the
+    consumer is always safe: it rejoins and every partition resumes from its commit.
+    """
+
+    def __init__(self, after_s: float = STUCK_RECOVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.after_s = after_s
+        self._clock = clock
+        self._since: float | None = None
+
+    def failed(self, ask: Callable[[float], object]) -> float:
+        """Record a failed recovery attempt; how long it has failed if the consumer is to be replaced now, else 0.
+
+        Non-zero once the recovery has failed for ``after_s`` and ``ask(timeout)`` (metadata
+        requests, raising KafkaException while a cluster does not answer) returned; at most
+        once per ``after_s``.
+        """
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+            return 0.0
+        failing = now - self._since
+        if failing < self.after_s:
+            return 0.0
+        try:
+            ask(PROBE_TIMEOUT_S)
+        except KafkaException:
+            return 0.0  # a cluster is away: wait it out
+        self._since = now
+        return failing
+
+    def recovered(self) -> None:
+        """The recovery succeeded: the next failure starts a new window."""
+        self._since = None

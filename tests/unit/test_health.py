@@ -5,11 +5,17 @@ from __future__ import annotations
 import logging
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from ferryman.config import ClusterConfig
 from ferryman.errors import ClusterUnreachableError
-from ferryman.health import STILL_DOWN_LOG_INTERVAL_S, ClusterHealth, wait_until_reachable
+from ferryman.health import (
+    PROBE_TIMEOUT_S,
+    STILL_DOWN_LOG_INTERVAL_S,
+    ClusterHealth,
+    StuckRecovery,
+    wait_until_reachable,
+)
 from ferryman.kafka_log import REPEAT_INTERVAL_S, LibrdkafkaLog
 
 CLUSTER = ClusterConfig(bootstrap_servers="kafka-b:9092")
@@ -125,3 +131,34 @@ def test_while_down_the_cluster_is_probed_every_interval_and_an_answer_brings_it
     clock.now += PROBE_INTERVAL_S
     health.probe(ask)
     assert len(asked) == 2 and health.reachable
+
+
+def test_a_recovery_is_stuck_after_its_window_only_while_the_clusters_answer() -> None:
+    now = [0.0]
+    answers = [True]
+    asked: list[float] = []
+
+    def ask(timeout_s: float) -> None:
+        asked.append(timeout_s)
+        if not answers[0]:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    stuck = StuckRecovery(after_s=60.0, clock=lambda: now[0])
+    assert stuck.failed(ask) == 0.0  # the first failure opens the window
+    now[0] = 59.0
+    assert stuck.failed(ask) == 0.0
+    assert asked == []  # inside the window nothing is asked
+    now[0] = 61.0
+    answers[0] = False
+    assert stuck.failed(ask) == 0.0  # a cluster is away: an outage, waited out
+    answers[0] = True
+    now[0] = 65.0
+    assert stuck.failed(ask) == 65.0
+    assert asked == [PROBE_TIMEOUT_S, PROBE_TIMEOUT_S]
+    now[0] = 70.0
+    assert stuck.failed(ask) == 0.0  # a new window from the replacement
+    now[0] = 126.0
+    assert stuck.failed(ask) == 61.0
+    stuck.recovered()
+    now[0] = 300.0
+    assert stuck.failed(ask) == 0.0  # a new recovery, a new window

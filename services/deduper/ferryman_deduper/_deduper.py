@@ -41,7 +41,7 @@ from ferryman.client_config import base_config, connected_producer, data_produce
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
-from ferryman.health import ClusterHealth, wait_until_reachable
+from ferryman.health import ClusterHealth, StuckRecovery, wait_until_reachable
 from ferryman.kafka_errors import is_transient
 from ferryman.metrics import LATENCY_COUNT, deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
@@ -144,6 +144,8 @@ class Deduper:
         #: A failed step waiting to be recovered (the loop retries it with backoff).
         self._recovery: tuple[BaseException, str] | None = None
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
+        #: A recovery failing while the destination answers: the staging consumer is replaced.
+        self._stuck = StuckRecovery()
         self._health_dirty = False
         #: Record and gRPC tracing; None when tracing is off.
         self._tracing = start_tracing(config.tracing, "ferryman-deduper")
@@ -555,13 +557,28 @@ class Deduper:
             self._stop.wait(self._backoff_s)
             self._backoff_s = min(_RECOVERY_BACKOFF_S[1], self._backoff_s * 2)
             self._serve_consumer()
+            self._unstick(what)
             self.health.tick()
             return False
         self._recovery = None
+        self._stuck.recovered()
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
         self._health_dirty = True
         self._apply_health()
         return True
+
+    def _unstick(self, what: str) -> None:
+        """A recovery failing for STUCK_RECOVERY_S while the destination answers: replace the staging consumer."""
+        failing_s = self._stuck.failed(lambda t: self._txn.producer.list_topics(self._names.staging_topic, timeout=t))
+        if failing_s:
+            _log.warning(
+                "%s: the recovery has failed for %.0f s while %s answers: replacing the staging consumer",
+                what,
+                failing_s,
+                self.health.name,
+            )
+            self._gaps.clear()
+            self._parts.rebuild_consumer()
 
     def _serve_consumer(self) -> None:
         """Keep the group membership alive while recovering: serve callbacks, drop records (rewound later)."""

@@ -43,7 +43,7 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, KafkaOperationError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
 from ferryman.group_close import close_group_consumer
-from ferryman.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ClusterHealth, wait_until_reachable
+from ferryman.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ClusterHealth, StuckRecovery, wait_until_reachable
 from ferryman.kafka_errors import (
     FenceWindow,
     authorization_error,
@@ -170,6 +170,8 @@ class Wrapper:
         #: Why the last step failed, while the loop is recovering from it.
         self._recovering: str = ""
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
+        #: A recovery failing while both clusters answer: the source consumer is replaced.
+        self._stuck = StuckRecovery()
         self._health_dirty = False
         self.records_sent = 0
         self.envelopes_sent = 0
@@ -577,6 +579,14 @@ class Wrapper:
         self._recovering = what
         self._health_dirty = True
         self._stop.wait(self._next_backoff())
+        failing_s = self._stuck.failed(self._both_answer)
+        if failing_s:
+            self._rebuild_consumer(f"the recovery has failed for {failing_s:.0f} s while both clusters answer ({what})")
+
+    def _both_answer(self, timeout_s: float) -> None:
+        """Metadata from both clusters (raises KafkaException while one does not answer)."""
+        self._specs.source_admin.list_topics(timeout=timeout_s)
+        self._producer.list_topics(self._names.staging_topic, timeout=timeout_s)
 
     def _next_backoff(self) -> float:
         backoff = self._backoff_s
@@ -586,6 +596,7 @@ class Wrapper:
     def _recovered(self) -> None:
         _log.info("wrapper recovered from: %s", self._recovering)
         self._recovering = ""
+        self._stuck.recovered()
         self._backoff_s = _RECOVERY_BACKOFF_S[0]
         self._health_dirty = True
 

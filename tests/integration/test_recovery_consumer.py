@@ -1,4 +1,4 @@
-"""A service whose group consumer is fenced while it recovers from another fault (real brokers).
+"""A service's recovery stuck on its group consumer (real brokers): a fence, and the net for other causes.
 
 A static member's fatal error comes once, as an event of a consume() batch. A
 recovery rewinds by seeking the consumer's partitions; on a fenced consumer
@@ -12,6 +12,9 @@ the service replicates nothing again:
 * the wrapper does not consume while it backs off, so the event is still unread
   when its rewind seeks: a partition no longer fetched means the consumer is
   gone, and it must be replaced.
+
+A recovery that fails for ``StuckRecovery``'s window while the clusters answer replaces the consumer too:
+the net for a stall of the same family not known yet.
 
 Each service runs in process. The first fault is played by its step failing
 once, the destination "away" by the next step of its recovery failing until the
@@ -209,3 +212,62 @@ def test_the_wrapper_replaces_a_consumer_fenced_while_it_recovers(
             assert wrapper.status().unavailable_reason == ""
         finally:
             park(twin)  # fenced by the new consumer: its close() would not return
+
+
+# The net for stalls not known yet: a recovery that keeps failing on the consumer while the clusters
+# answer replaces the consumer after StuckRecovery's window (shortened here). The consumer's failure is
+# played: its rewind (deduper) or its commits (wrapper) fail until it has been replaced.
+_STUCK_WINDOW_S = 2.0
+
+
+def test_the_deduper_replaces_its_consumer_when_a_recovery_stays_stuck_while_the_destination_answers(
+    config: FerrymanConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deduper = Deduper(config, config.flows[0])
+    parts, all_partitions = deduper._parts, set(range(_PARTITIONS))
+    with _running(deduper):
+        _wait("the deduper owns every staging partition", lambda: parts.owned == all_partitions)
+        deduper._stuck.after_s = _STUCK_WINDOW_S
+        rewind = parts.rewind
+
+        def stuck_rewind() -> None:
+            if parts.consumer_rebuilds == 0:
+                raise KafkaOperationError("seeking staging partition 0", _transport("a consumer gone bad"))
+            rewind()
+
+        monkeypatch.setattr(parts, "rewind", stuck_rewind)
+        faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
+        faults.trip.set()
+        _wait("the staging consumer is replaced", lambda: parts.consumer_rebuilds == 1)
+        _wait("the deduper recovers", lambda: deduper._recovery is None)
+        _wait("the deduper owns every staging partition again", lambda: parts.owned == all_partitions)
+        assert faults.recover_calls >= 2
+        assert parts.consumer_rebuilds == 1
+
+
+def test_the_wrapper_replaces_its_consumer_when_a_recovery_stays_stuck_while_both_clusters_answer(
+    config: FerrymanConfig, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrapper = Wrapper(config, config.flows[0])
+    (topic,) = config.flows[0].topics
+    bootstrap = source_cluster.bootstrap_servers
+    produce_sequences(bootstrap, topic, _PARTITIONS, 10)
+    with _running(wrapper):
+        _wait("the wrapper sent every record", lambda: wrapper.records_sent >= 10 * _PARTITIONS)
+        wrapper._stuck.after_s = _STUCK_WINDOW_S
+        commit = wrapper._commits.commit
+
+        def stuck_commit(*args: Any, **kwargs: Any) -> None:
+            if wrapper.consumer_rebuilds == 0:
+                raise KafkaOperationError("committing source offsets", _transport("a consumer gone bad"))
+            commit(*args, **kwargs)
+
+        faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
+        monkeypatch.setattr(wrapper._commits, "commit", stuck_commit)
+        faults.trip.set()
+        _wait("the source consumer is replaced", lambda: wrapper.consumer_rebuilds == 1)
+        _wait("the wrapper recovers", lambda: not wrapper._recovering)
+        sent = wrapper.records_sent
+        produce_sequences(bootstrap, topic, _PARTITIONS, 10, start=10)
+        _wait("the wrapper sends again", lambda: wrapper.records_sent >= sent + 10 * _PARTITIONS)
+        assert wrapper.consumer_rebuilds == 1
