@@ -157,61 +157,83 @@ def config(
     )
 
 
-def test_the_deduper_replaces_a_consumer_fenced_while_it_recovers_before_the_rewind(
-    config: FerrymanConfig, destination_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deduper = Deduper(config, config.flows[0])
-    parts, all_partitions = deduper._parts, set(range(_PARTITIONS))
-    with _running(deduper):
-        _wait("the deduper owns every staging partition", lambda: parts.owned == all_partitions)
-        faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
-        faults.start()
-        assert parts.owned == all_partitions  # still ours: the rewind will seek them
-        names = deduper._names
-        twin = _twin(destination_cluster.bootstrap_servers, names.deduper_group, "d1", names.staging_topic)
-        try:
-            _wait("the fence is noted while recovering", lambda: parts.consumer_failed)
-            assert deduper._recovery is not None and parts.consumer_rebuilds == 0
+_ALL = set(range(_PARTITIONS))
 
-            faults.away.clear()
-            # A new consumer, whose join fences the twin (no longer polled); it takes every partition again.
-            _wait("the deduper recovers", lambda: deduper._recovery is None)
-            _wait("the deduper owns every staging partition again", lambda: parts.owned == all_partitions)
-            assert parts.consumer_rebuilds == 1
-            status = deduper.status()
-            assert status.unavailable_reason == ""
-            assert sorted(status.assigned_staging_partitions) == sorted(all_partitions)
-        finally:
-            park(twin)  # fenced by the new consumer: its close() would not return
+
+@pytest.fixture
+def deduper(config: FerrymanConfig) -> Iterator[Deduper]:
+    """A running deduper that owns every staging partition."""
+    service = Deduper(config, config.flows[0])
+    with _running(service):
+        _wait("the deduper owns every staging partition", lambda: service._parts.owned == _ALL)
+        yield service
+
+
+@pytest.fixture
+def wrapper(config: FerrymanConfig, source_cluster: KafkaCluster) -> Iterator[Wrapper]:
+    """A running wrapper that has sent 10 records of each source partition."""
+    service = Wrapper(config, config.flows[0])
+    produce_sequences(source_cluster.bootstrap_servers, config.flows[0].topics[0], _PARTITIONS, 10)
+    with _running(service):
+        _wait("the wrapper sent every record", lambda: service.records_sent >= 10 * _PARTITIONS)
+        yield service
+
+
+def _owns_all_again(deduper: Deduper) -> None:
+    _wait("the deduper recovers", lambda: deduper._recovery is None)
+    _wait("the deduper owns every staging partition again", lambda: deduper._parts.owned == _ALL)
+    assert deduper._parts.consumer_rebuilds == 1
+
+
+def _sends_again(wrapper: Wrapper, source: KafkaCluster) -> None:
+    _wait("the wrapper recovers", lambda: not wrapper._recovering)
+    assert wrapper.consumer_rebuilds == 1
+    sent = wrapper.records_sent
+    produce_sequences(source.bootstrap_servers, wrapper._flow.topics[0], _PARTITIONS, 10, start=10)
+    _wait("the wrapper sends again", lambda: wrapper.records_sent >= sent + 10 * _PARTITIONS)
+    assert wrapper.status().unavailable_reason == ""
+
+
+def test_the_deduper_replaces_a_consumer_fenced_while_it_recovers_before_the_rewind(
+    deduper: Deduper, destination_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = deduper._parts
+    faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
+    faults.start()
+    assert parts.owned == _ALL  # still ours: the rewind will seek them
+    names = deduper._names
+    twin = _twin(destination_cluster.bootstrap_servers, names.deduper_group, "d1", names.staging_topic)
+    try:
+        _wait("the fence is noted while recovering", lambda: parts.consumer_failed)
+        assert deduper._recovery is not None and parts.consumer_rebuilds == 0
+        faults.away.clear()
+        # A new consumer, whose join fences the twin (no longer polled); it takes every partition again.
+        _owns_all_again(deduper)
+        status = deduper.status()
+        assert status.unavailable_reason == ""
+        assert sorted(status.assigned_staging_partitions) == sorted(_ALL)
+    finally:
+        park(twin)  # fenced by the new consumer: its close() would not return
 
 
 def test_the_wrapper_replaces_a_consumer_fenced_while_it_recovers(
-    config: FerrymanConfig, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+    wrapper: Wrapper, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wrapper = Wrapper(config, config.flows[0])
-    (topic,) = config.flows[0].topics
-    bootstrap = source_cluster.bootstrap_servers
-    produce_sequences(bootstrap, topic, _PARTITIONS, 10)
-    with _running(wrapper):
-        _wait("the wrapper sent every record", lambda: wrapper.records_sent >= 10 * _PARTITIONS)
-        faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
-        faults.start()
-        assert wrapper._recovering
-        assert wrapper._static_id is not None
-        twin = _twin(bootstrap, wrapper._names.wrapper_group, wrapper._static_id, topic)
-        try:
-            # The member learns of the fence at its next heartbeat: librdkafka then stops its fetchers.
-            _wait("the wrapper's consumer is fenced", lambda: not wrapper._consumer.assignment())
-            faults.away.clear()
-            # The rewind finds its partitions no longer fetched: a new consumer, whose join fences the twin.
-            _wait("the wrapper recovers", lambda: not wrapper._recovering)
-            assert wrapper.consumer_rebuilds == 1
-            sent = wrapper.records_sent
-            produce_sequences(bootstrap, topic, _PARTITIONS, 10, start=10)
-            _wait("the wrapper sends again", lambda: wrapper.records_sent >= sent + 10 * _PARTITIONS)
-            assert wrapper.status().unavailable_reason == ""
-        finally:
-            park(twin)  # fenced by the new consumer: its close() would not return
+    faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
+    faults.start()
+    assert wrapper._recovering
+    assert wrapper._static_id is not None
+    twin = _twin(
+        source_cluster.bootstrap_servers, wrapper._names.wrapper_group, wrapper._static_id, wrapper._flow.topics[0]
+    )
+    try:
+        # The member learns of the fence at its next heartbeat: librdkafka then stops its fetchers.
+        _wait("the wrapper's consumer is fenced", lambda: not wrapper._consumer.assignment())
+        faults.away.clear()
+        # The rewind finds its partitions no longer fetched: a new consumer, whose join fences the twin.
+        _sends_again(wrapper, source_cluster)
+    finally:
+        park(twin)  # fenced by the new consumer: its close() would not return
 
 
 # The net for stalls not known yet: a recovery that keeps failing on the consumer while the clusters
@@ -221,53 +243,38 @@ _STUCK_WINDOW_S = 2.0
 
 
 def test_the_deduper_replaces_its_consumer_when_a_recovery_stays_stuck_while_the_destination_answers(
-    config: FerrymanConfig, monkeypatch: pytest.MonkeyPatch
+    deduper: Deduper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    deduper = Deduper(config, config.flows[0])
-    parts, all_partitions = deduper._parts, set(range(_PARTITIONS))
-    with _running(deduper):
-        _wait("the deduper owns every staging partition", lambda: parts.owned == all_partitions)
-        deduper._stuck.after_s = _STUCK_WINDOW_S
-        rewind = parts.rewind
+    parts = deduper._parts
+    deduper._stuck.after_s = _STUCK_WINDOW_S
+    rewind = parts.rewind
 
-        def stuck_rewind() -> None:
-            if parts.consumer_rebuilds == 0:
-                raise KafkaOperationError("seeking staging partition 0", _transport("a consumer gone bad"))
-            rewind()
+    def stuck_rewind() -> None:
+        if parts.consumer_rebuilds == 0:
+            raise KafkaOperationError("seeking staging partition 0", _transport("a consumer gone bad"))
+        rewind()
 
-        monkeypatch.setattr(parts, "rewind", stuck_rewind)
-        faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
-        faults.trip.set()
-        _wait("the staging consumer is replaced", lambda: parts.consumer_rebuilds == 1)
-        _wait("the deduper recovers", lambda: deduper._recovery is None)
-        _wait("the deduper owns every staging partition again", lambda: parts.owned == all_partitions)
-        assert faults.recover_calls >= 2
-        assert parts.consumer_rebuilds == 1
+    monkeypatch.setattr(parts, "rewind", stuck_rewind)
+    faults = _Faults(monkeypatch, deduper, (deduper._txn, "recover"))
+    faults.trip.set()
+    _wait("the staging consumer is replaced", lambda: parts.consumer_rebuilds == 1)
+    _owns_all_again(deduper)
+    assert faults.recover_calls >= 2
 
 
 def test_the_wrapper_replaces_its_consumer_when_a_recovery_stays_stuck_while_both_clusters_answer(
-    config: FerrymanConfig, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+    wrapper: Wrapper, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wrapper = Wrapper(config, config.flows[0])
-    (topic,) = config.flows[0].topics
-    bootstrap = source_cluster.bootstrap_servers
-    produce_sequences(bootstrap, topic, _PARTITIONS, 10)
-    with _running(wrapper):
-        _wait("the wrapper sent every record", lambda: wrapper.records_sent >= 10 * _PARTITIONS)
-        wrapper._stuck.after_s = _STUCK_WINDOW_S
-        commit = wrapper._commits.commit
+    wrapper._stuck.after_s = _STUCK_WINDOW_S
+    commit = wrapper._commits.commit
 
-        def stuck_commit(*args: Any, **kwargs: Any) -> None:
-            if wrapper.consumer_rebuilds == 0:
-                raise KafkaOperationError("committing source offsets", _transport("a consumer gone bad"))
-            commit(*args, **kwargs)
+    def stuck_commit(*args: Any, **kwargs: Any) -> None:
+        if wrapper.consumer_rebuilds == 0:
+            raise KafkaOperationError("committing source offsets", _transport("a consumer gone bad"))
+        commit(*args, **kwargs)
 
-        faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
-        monkeypatch.setattr(wrapper._commits, "commit", stuck_commit)
-        faults.trip.set()
-        _wait("the source consumer is replaced", lambda: wrapper.consumer_rebuilds == 1)
-        _wait("the wrapper recovers", lambda: not wrapper._recovering)
-        sent = wrapper.records_sent
-        produce_sequences(bootstrap, topic, _PARTITIONS, 10, start=10)
-        _wait("the wrapper sends again", lambda: wrapper.records_sent >= sent + 10 * _PARTITIONS)
-        assert wrapper.consumer_rebuilds == 1
+    faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
+    monkeypatch.setattr(wrapper._commits, "commit", stuck_commit)
+    faults.trip.set()
+    _wait("the source consumer is replaced", lambda: wrapper.consumer_rebuilds == 1)
+    _sends_again(wrapper, source_cluster)
