@@ -77,6 +77,9 @@ class Report:
     phases: dict[str, float] = field(default_factory=dict)
     """Wall seconds of the run's steps outside the faults (start-up, final catch-up)."""
     problems: list[str] = field(default_factory=list)
+    rates: list[tuple[float, float, float]] = field(default_factory=list)
+    """Destination records/s over the run, in steps: (from, to, rate), seconds since the run started. A stall
+    shows here even when an overlapping fault or a broker's restart hides it from the recovery times."""
 
     @property
     def clean(self) -> bool:
@@ -141,6 +144,7 @@ class Report:
             services_down_at_end=services_down_at_end,
             phases=dict(phases or {}),
             problems=problems,
+            rates=[(round(b, 1), round(u, 1), round(r, 1)) for b, u, r in rates],
         )
 
     def to_json(self) -> dict[str, Any]:

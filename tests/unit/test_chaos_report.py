@@ -1,4 +1,4 @@
-"""The chaos report's recovery figures: an overlapped fault does not count as the flow's recovery."""
+"""The chaos report's recovery figures (an overlapped fault is not the flow's recovery) and its rate steps."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_the_summary_measures_recovery_from_the_last_heal_of_each_overlapping_gr
         records_aborted=0,
         faults=faults,
         topics=[],
-        rates=[],
+        rates=[(0.0, 5.04, 300.0), (5.04, 10.1, 0.0)],
         offered_rate=100.0,
         service_starts={},
         services_down_at_end=[],
@@ -36,3 +36,5 @@ def test_the_summary_measures_recovery_from_the_last_heal_of_each_overlapping_gr
     line = next(x for x in report.summary().splitlines() if x.startswith("recovery:"))
     assert line.startswith("recovery: median 2.0 s, max 6.0 s over 3 faults or overlapping groups, from the last heal")
     assert "(the 1 overlapped faults, from their own heal: max 57.0 s)" in line
+    # The rate steps are kept, so a stall hidden from the recovery times still shows in the report.
+    assert report.to_json()["rates"] == [(0.0, 5.0, 300.0), (5.0, 10.1, 0.0)]
