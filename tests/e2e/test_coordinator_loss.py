@@ -1,10 +1,12 @@
-"""A three-node destination loses the node of the deduper's transaction coordinator while records flow.
+"""A three-node destination loses a key node while records flow: the deduper's transaction coordinator's,
+or (nightly) the active KRaft controller.
 
 With three replicas of everything and two required in sync, the destination cluster keeps serving
 with one node gone: the coordinator of the deduper's ``transactional.id`` moves to another node,
-and so do the leaders of the staging, state and destination partitions that node led. The services
-must follow (no process exits), the copy must stay exact, and records must go on being committed
-while the node is still down; the node is then restarted and rejoins under the running flow.
+and so do the leaders of the staging, state and destination partitions that node led; a lost active
+controller is replaced by another voter. The services must follow (no process exits), the copy must
+stay exact, and records must go on being committed while the node is still down; the node is then
+restarted and rejoins under the running flow.
 """
 
 from __future__ import annotations
@@ -131,11 +133,21 @@ def _check_alive(flow: RunningFlow, when: str) -> None:
         assert proc.alive, f"{proc.kind} exited {when}:\n{proc.output()[-4000:]}"
 
 
-def test_losing_the_transaction_coordinators_node_loses_nothing_and_stops_nothing(
+@pytest.mark.parametrize(
+    "victim_role",
+    [
+        pytest.param("transaction-coordinator"),
+        # In the long chaos run of 2026-11-29 a destination partition stalled until the killed active
+        # controller was back (docs/notes.md, Open questions); alone, a flow rode through it in 10-20 s.
+        pytest.param("active-controller", marks=pytest.mark.nightly),
+    ],
+)
+def test_losing_a_key_node_loses_nothing_and_stops_nothing(
     source_cluster: KafkaCluster,
     destination3: MultiNodeCluster,
     unique_name: Callable[[str], str],
     tmp_path: Path,
+    victim_role: str,
 ) -> None:
     topic = unique_name("coordloss")
     flow_name = unique_name("flow")
@@ -155,12 +167,19 @@ def test_losing_the_transaction_coordinators_node_loses_nothing_and_stops_nothin
         finally:
             first.close()
 
-        victim = transaction_coordinator(dst, transactional_id)
+        coordinator = transaction_coordinator(dst, transactional_id)
+        victim = coordinator if victim_role == "transaction-coordinator" else destination3.active_controller()
         watch = NewRecords(dst, f"src.{topic}")
         try:
             killed = time.monotonic()
             destination3.kill(victim)
-            _log.info("killed node %d, the transaction coordinator of %s", victim, transactional_id)
+            _log.info(
+                "killed node %d (%s; the transaction coordinator of %s is node %d)",
+                victim,
+                victim_role,
+                transactional_id,
+                coordinator,
+            )
             # The node stays down until the flow has shown it goes on without it (or the goal has passed).
             while_down_s = _recovery_s(watch, producer, killed)
             _log.info(

@@ -89,6 +89,16 @@ def _transactions_list(bootstrap: str) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in rows}
 
 
+def test_the_active_controller_is_the_node_that_last_took_the_quorum(three: MultiNodeCluster) -> None:
+    activations = []  # the controller logs its activation at WARN: (time, node)
+    for node_id in three.node_ids:
+        for line in three.server_log(node_id).read_text(errors="replace").splitlines():
+            if "Performing controller activation" in line:
+                activations.append((line[1 : line.index("]")], node_id))
+    assert activations
+    assert three.active_controller() == max(activations)[1]
+
+
 def test_coordinators_are_named_where_kafka_places_them(three: MultiNodeCluster) -> None:
     # One transactional id and one group per internal partition, so every leader is asked about.
     prefix = uuid.uuid4().hex[:8]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
+import subprocess
 import tempfile
 import threading
 import time
@@ -25,6 +27,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ferryman_local._broker import (
+    JVM_OPTIONS,
     BrokerProcess,
     Probe,
     brokers_listed,
@@ -42,7 +45,7 @@ from ferryman_local._cluster import (
     new_cluster_id,
 )
 from ferryman_local._errors import ClusterStartError, HarnessError
-from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars
+from ferryman_local._maven import KAFKA_VERSION, ensure_kafka_jars, require_tool
 from ferryman_local._ports import reserve_port
 
 _log = logging.getLogger("ferryman_local")
@@ -226,6 +229,7 @@ class MultiNodeCluster:
             )
             for n in state.nodes
         }
+        self._jars = jars
         self._lock = threading.RLock()
 
     @classmethod
@@ -358,6 +362,27 @@ class MultiNodeCluster:
     def server_log(self, node_id: int) -> Path:
         """The node's broker log (WARN and above, plus start-up and shutdown lines)."""
         return self._broker(node_id).server_log
+
+    def active_controller(self, timeout_s: float = 30.0) -> int:
+        """Id of the node that leads the KRaft quorum now: the active controller.
+
+        Asks the running nodes' controllers with Kafka's own ``kafka-metadata-quorum`` tool (a JVM, ~1.5 s).
+
+        Raises:
+            HarnessError: the tool failed or named no leader.
+        """
+        controllers = ",".join(f"127.0.0.1:{self.node(i).controller_port}" for i in self.running_nodes)
+        java = [require_tool("java"), *JVM_OPTIONS, "-cp", f"{self._jars}/*"]
+        tool = ["org.apache.kafka.tools.MetadataQuorumCommand", "--bootstrap-controller", controllers]
+        done = subprocess.run(
+            [*java, *tool, "describe", "--status"], check=False, capture_output=True, text=True, timeout=timeout_s
+        )
+        leader = re.search(r"^LeaderId:\s+(\d+)$", done.stdout, re.MULTILINE)
+        if done.returncode != 0 or leader is None:
+            raise HarnessError(
+                f"{self.name}: kafka-metadata-quorum named no leader (exit {done.returncode}): {done.stderr[-2000:]}"
+            )
+        return int(leader.group(1))
 
     def kill(self, node_id: int) -> None:
         """SIGKILL one node, as a crash would. Idempotent."""
