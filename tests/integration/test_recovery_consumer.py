@@ -11,7 +11,7 @@ the service replicates nothing again:
   the consumer before the rewind;
 * the wrapper does not consume while it backs off, so the event is still unread
   when its rewind seeks: a partition no longer fetched means the consumer is
-  gone, and it must be replaced.
+  gone, and it must be replaced (with or without a fatal event to read).
 
 A recovery that fails for ``StuckRecovery``'s window while the clusters answer replaces the consumer too:
 the net for a stall of the same family not known yet.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from ferryman.config import FerrymanConfig, parse_config
 from ferryman.errors import KafkaOperationError
 from ferryman.watchdog import park
@@ -234,6 +234,36 @@ def test_the_wrapper_replaces_a_consumer_fenced_while_it_recovers(
         _sends_again(wrapper, source_cluster)
     finally:
         park(twin)  # fenced by the new consumer: its close() would not return
+
+
+class _Unfetching:
+    """The wrapper's consumer, except that its next seek finds the partition no longer fetched (``_STATE``)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.refused = 0
+
+    def seek(self, partition: TopicPartition) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise KafkaException(KafkaError(KafkaError._STATE, "played: the partition is not fetched"))
+        self.consumer.seek(partition)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.consumer, name)
+
+
+def test_the_wrapper_replaces_a_consumer_that_no_longer_fetches_a_partition_even_without_a_fatal_event(
+    wrapper: Wrapper, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unfetching = _Unfetching(wrapper._consumer)
+    monkeypatch.setattr(wrapper, "_consumer", unfetching)
+    faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
+    faults.trip.set()
+    _wait("the source consumer is replaced", lambda: wrapper.consumer_rebuilds == 1)
+    assert unfetching.refused == 1
+    assert not isinstance(wrapper._consumer, _Unfetching)
+    _sends_again(wrapper, source_cluster)
 
 
 # The net for stalls not known yet: a recovery that keeps failing on the consumer while the clusters
