@@ -198,9 +198,10 @@ class StuckRecovery:
 
     The group consumer is the client whose failures can go unseen: its fatal error
     comes once, as an event of a batch, and then its seeks fail as a transient
-    error would. Two such stalls were found and fixed (a lost fatal event; a fence
-    while a recovery backed off); this is the net for the next one. Replacing the
-    consumer is always safe: it rejoins and every partition resumes from its commit.
+    error would. A fence during a recovery's backoff left the recovery failing
+    for ever that way (fixed); this is the net for the next cause of the kind.
+    Replacing the consumer is always safe: it rejoins and every partition resumes
+    from its commit.
     """
 
     def __init__(self, after_s: float = STUCK_RECOVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
