@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -117,6 +117,20 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{message}: not met within {timeout_s:g}s")
         time.sleep(interval_s)
+
+
+def static_member_config(bootstrap: str, group: str, instance_id: str, **extra: Any) -> dict[str, Any]:
+    """A group member configured as the services configure theirs: static (``group.instance.id``),
+    cooperative-sticky, read_committed, a 6 s session; ``extra`` adds or overrides settings."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.instance.id": instance_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 6000,
+        "isolation.level": "read_committed",
+        **extra,
+    }
 
 
 def create_topic(

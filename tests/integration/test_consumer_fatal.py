@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message
@@ -22,21 +21,9 @@ from ferryman.health import ClusterHealth
 from ferryman.watchdog import park
 from ferryman_deduper._partitions import StagingPartitions
 
-from tests.helpers.kafka import KafkaCluster, create_topic
+from tests.helpers.kafka import KafkaCluster, create_topic, static_member_config
 
 pytestmark = pytest.mark.integration
-
-
-def _member(bootstrap: str, group: str, instance: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "group.instance.id": instance,
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": 6000,
-        "isolation.level": "read_committed",
-        **extra,
-    }
 
 
 def _consume_until(consumer: Consumer, done: Callable[[list[Message]], bool], timeout_s: float) -> list[Message]:
@@ -61,7 +48,7 @@ def test_a_fence_comes_as_a_batch_event_only_and_note_errors_takes_it(
         parts.on_consumer_error(err)
 
     parts = StagingPartitions(
-        make_consumer=lambda: Consumer(_member(bootstrap, group, "d1", error_cb=on_error)),
+        make_consumer=lambda: Consumer(static_member_config(bootstrap, group, "d1", error_cb=on_error)),
         staging_topic=staging,
         state_topic=unique_name("state"),
         staging_partitions=2,
@@ -71,7 +58,7 @@ def test_a_fence_comes_as_a_batch_event_only_and_note_errors_takes_it(
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
     )
     parts.start()
-    twin = Consumer(_member(bootstrap, group, "d1"))
+    twin = Consumer(static_member_config(bootstrap, group, "d1"))
     try:
         _consume_until(parts.consumer, lambda _msgs: bool(parts.restoring), 30)
         twin.subscribe([staging])

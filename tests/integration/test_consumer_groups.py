@@ -28,6 +28,7 @@ from tests.helpers.kafka import (
     create_topic,
     produce_sequences,
     read_all,
+    static_member_config,
     wait_until,
 )
 from tests.helpers.services import ServiceProcess, hold_env, running_flow
@@ -136,16 +137,7 @@ def _group_owners(bootstrap: str, group: str) -> tuple[ConsumerGroupState, dict[
 
 def _member(bootstrap: str, group: str, instance_id: str, topic: str) -> Consumer:
     """A bare consumer in a deduper's group, as the deduper configures its own (cooperative, static)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "group.instance.id": instance_id,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": 6000,
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(static_member_config(bootstrap, group, instance_id, **{"enable.auto.commit": False}))
     consumer.subscribe([topic])
     return consumer
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -38,7 +37,7 @@ from ferryman.watchdog import park
 from ferryman_deduper._deduper import Deduper
 from ferryman_wrapper._wrapper import Wrapper
 
-from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences
+from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, static_member_config, wait_until
 from tests.helpers.services import flow_config
 
 pytestmark = pytest.mark.integration
@@ -52,14 +51,8 @@ class _Service(Protocol):
     def shutdown(self) -> None: ...
 
 
-def _wait(what: str, done: Callable[[], bool], tick: Callable[[], Any] | None = None) -> None:
-    deadline = time.monotonic() + _TIMEOUT_S
-    while not done():
-        assert time.monotonic() < deadline, f"not within {_TIMEOUT_S:g} s: {what}"
-        if tick is not None:
-            tick()
-        else:
-            time.sleep(0.1)  # polling another thread's state: nothing to block on
+def _wait(what: str, done: Callable[[], bool]) -> None:
+    wait_until(done, _TIMEOUT_S, message=what)
 
 
 def _transport(what: str) -> KafkaException:
@@ -102,18 +95,14 @@ class _Faults:
 
 def _twin(bootstrap: str, group: str, instance_id: str, topic: str) -> Consumer:
     """A consumer with the service's group.instance.id: its join fences the service's member."""
-    twin = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "group.instance.id": instance_id,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": 6000,
-            "isolation.level": "read_committed",
-        }
-    )
+    twin = Consumer(static_member_config(bootstrap, group, instance_id))
     twin.subscribe([topic])
-    _wait("the twin is assigned", lambda: bool(twin.assignment()), tick=lambda: twin.consume(timeout=0.2))
+
+    def assigned() -> bool:
+        twin.consume(timeout=0.2)  # serves the join
+        return bool(twin.assignment())
+
+    wait_until(assigned, _TIMEOUT_S, 0.0, message="the twin is assigned")
     return twin
 
 
