@@ -22,23 +22,40 @@ _log = logging.getLogger("tests")
 _SOURCE_ENV = "FERRYMAN_TEST_SOURCE_BOOTSTRAP"
 _DESTINATION_ENV = "FERRYMAN_TEST_DESTINATION_BOOTSTRAP"
 _NIGHTLY_ENV = "FERRYMAN_NIGHTLY"
+# Set by pytest-xdist in its workers (scripts/test runs the unit, contract and integration tests on two).
+_XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
+_XDIST_WORKER_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
+_PORT_SHARD_ENV = "FERRYMAN_LOCAL_PORT_SHARD"  # ferryman_local's SHARD_ENV (not imported: a unit run needs no JVM)
 # Two JVMs starting side by side on 2 cores take ~7 s; a cold jar cache adds Maven's download.
 _CLUSTER_READY_TIMEOUT_S = 120.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get(_XDIST_WORKER_ENV)
+    if worker:
+        # Each test worker reserves its own share of loopback ports for its brokers and servers.
+        os.environ[_PORT_SHARD_ENV] = f"{worker.removeprefix('gw')}/{os.environ[_XDIST_WORKER_COUNT_ENV]}"
     config.addinivalue_line("markers", "integration: real Kafka brokers and/or real gRPC servers on loopback")
     config.addinivalue_line("markers", "e2e: the services as processes, the way a user runs them")
     config.addinivalue_line("markers", "slow: takes more than a few seconds; deselect with -m 'not slow'")
     config.addinivalue_line("markers", "nightly: long variants, run with FERRYMAN_NIGHTLY=1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the long (``nightly``) variants out unless FERRYMAN_NIGHTLY=1: CI runs the sizes made for it.
 
     They are deselected, not skipped (pytest counts them as "deselected"), and
     ``FERRYMAN_NIGHTLY=1 scripts/test`` runs them with everything else.
+
+    Under pytest-xdist (``--dist loadgroup``) a module's tests stay on one worker, so that its module
+    fixtures (a three-node cluster, a flow) start once, and every test that uses Spark goes to the same
+    worker, so that one Spark session serves them all.
     """
+    if os.environ.get(_XDIST_WORKER_ENV):
+        for item in items:
+            group = "spark" if "spark" in getattr(item, "fixturenames", ()) else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get(_NIGHTLY_ENV) == "1":
         return
     long_variants = [item for item in items if item.get_closest_marker("nightly") is not None]
