@@ -49,7 +49,7 @@ def _rpc_names(service: str) -> set[str]:
     [
         ("ControlService", "ferryman_deduper._control:ControlServicer"),
         ("DeduperService", "ferryman_deduper._control:DeduperStatusServicer"),
-        ("WrapperService", "ferryman_wrapper._wrapper:WrapperStatusServicer"),
+        ("WrapperService", "ferryman_wrapper._status:WrapperStatusServicer"),
     ],
 )
 def test_every_rpc_is_implemented(service: str, servicer_path: str) -> None:

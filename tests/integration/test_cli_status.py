@@ -22,7 +22,7 @@ from ferryman.rpc import RpcServer, build_server, default_server_interceptors
 from ferryman.v1 import control_pb2, control_pb2_grpc
 from ferryman_deduper._control import DeduperStatusServicer
 from ferryman_local import reserve_port
-from ferryman_wrapper._wrapper import WrapperStatusServicer
+from ferryman_wrapper._status import WrapperStatusServicer
 
 from tests.helpers.grpc_clients import DEDUPER_SERVICE, WRAPPER_SERVICE, local
 

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.group_close import JoinTracker, close_group_consumer
-from ferryman_wrapper._wrapper import ORPHANED_REBUILD_S
+from ferryman_wrapper._clients import ORPHANED_REBUILD_S
 
 from tests.helpers.kafka import (
     KafkaCluster,

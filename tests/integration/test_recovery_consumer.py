@@ -175,7 +175,7 @@ def _owns_all_again(deduper: Deduper) -> None:
 
 
 def _sends_again(wrapper: Wrapper, source: KafkaCluster) -> None:
-    _wait("the wrapper recovers", lambda: not wrapper._recovering)
+    _wait("the wrapper recovers", lambda: not wrapper._recovery.reason)
     assert wrapper.consumer_rebuilds == 1
     sent = wrapper.records_sent
     produce_sequences(source.bootstrap_servers, wrapper._flow.topics[0], _PARTITIONS, 10, start=10)
@@ -210,14 +210,14 @@ def test_the_wrapper_replaces_a_consumer_fenced_while_it_recovers(
 ) -> None:
     faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
     faults.start()
-    assert wrapper._recovering
+    assert wrapper._recovery.reason
     assert wrapper._static_id is not None
     twin = _twin(
         source_cluster.bootstrap_servers, wrapper._names.wrapper_group, wrapper._static_id, wrapper._flow.topics[0]
     )
     try:
         # The member learns of the fence at its next heartbeat: librdkafka then stops its fetchers.
-        _wait("the wrapper's consumer is fenced", lambda: not wrapper._consumer.assignment())
+        _wait("the wrapper's consumer is fenced", lambda: not wrapper._clients.consumer.assignment())
         faults.away.clear()
         # The rewind finds its partitions no longer fetched: a new consumer, whose join fences the twin.
         _sends_again(wrapper, source_cluster)
@@ -245,13 +245,13 @@ class _Unfetching:
 def test_the_wrapper_replaces_a_consumer_that_no_longer_fetches_a_partition_even_without_a_fatal_event(
     wrapper: Wrapper, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    unfetching = _Unfetching(wrapper._consumer)
-    monkeypatch.setattr(wrapper, "_consumer", unfetching)
+    unfetching = _Unfetching(wrapper._clients.consumer)
+    monkeypatch.setattr(wrapper._clients, "consumer", unfetching)
     faults = _Faults(monkeypatch, wrapper, (wrapper._commits, "commit"))
     faults.trip.set()
     _wait("the source consumer is replaced", lambda: wrapper.consumer_rebuilds == 1)
     assert unfetching.refused == 1
-    assert not isinstance(wrapper._consumer, _Unfetching)
+    assert not isinstance(wrapper._clients.consumer, _Unfetching)
     _sends_again(wrapper, source_cluster)
 
 
@@ -284,7 +284,7 @@ def test_the_deduper_replaces_its_consumer_when_a_recovery_stays_stuck_while_the
 def test_the_wrapper_replaces_its_consumer_when_a_recovery_stays_stuck_while_both_clusters_answer(
     wrapper: Wrapper, source_cluster: KafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wrapper._stuck.after_s = _STUCK_WINDOW_S
+    wrapper._recovery.stuck.after_s = _STUCK_WINDOW_S
     commit = wrapper._commits.commit
 
     def stuck_commit(*args: Any, **kwargs: Any) -> None:

@@ -477,7 +477,7 @@ def test_specs_changed_during_the_handshake_reach_the_deduper(probe: LinkProbe) 
         wait_until(
             lambda: recorder.streams and recorder.kinds(-1)[:1] == ["hello"], LINK_TIMEOUT_S, message="hello received"
         )
-        # The wrapper publishes a new topic's spec now, exactly as Wrapper._send_specs does.
+        # The wrapper publishes a new topic's spec now, exactly as DeduperLinks._send_specs does.
         probe.specs = [_spec("orders"), _spec("payments")]
         assert not link.send(control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=[_spec("payments")])))
         welcome.set()

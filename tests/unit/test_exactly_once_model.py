@@ -2,7 +2,7 @@
 
 One source partition with sparse offsets (markers, aborted transactions,
 compaction) is replicated by simulated wrapper processes that use the real
-``build_envelopes`` and ``ProgressTracker`` the way ``_wrapper.py`` does, onto
+``build_envelopes`` and ``ProgressTracker`` the way ``_datapath.py`` and ``_clients.py`` do, onto
 a simulated staging partition (an append-only log), read by a simulated
 deduper that uses the real ``envelope.decode`` and ``decide``. Faults, chosen
 by ``random.Random(seed)``:
@@ -111,7 +111,7 @@ class Wrapper:
             self._restart(resume_at, None)
 
     def _restart(self, next_offset: int, logical: int | None) -> None:
-        # As Wrapper._restart_partition followed by the consumer's seek.
+        # As SourcePartitions.restart followed by the consumer's seek.
         self.epoch += 1
         self.chain = next_offset - 1 if logical is None else -1
         self.tracker.start(KEY, next_offset, logical)
@@ -122,7 +122,7 @@ class Wrapper:
         return self.pos == len(self.source) and not self.reports and not self.tracker.any_failed
 
     def send(self, rng: random.Random, faults: Faults) -> None:
-        """Consume a batch and produce it as envelopes (as Wrapper._send_run)."""
+        """Consume a batch and produce it as envelopes (as DataPath._send_run)."""
         run = self.source[self.pos : self.pos + rng.randint(1, 10)]
         for built in build_envelopes(
             as_messages(run),
@@ -165,7 +165,7 @@ class Wrapper:
             self.tracker.mark_committed(positions)
 
     def rewind_if_failed(self, group: Group) -> None:
-        """As Wrapper._rewind: flush, commit the acknowledged prefix, resume after it."""
+        """As LoopClients.rewind: flush, commit the acknowledged prefix, resume after it."""
         if not self.tracker.any_failed:
             return
         self.serve_reports()

@@ -67,17 +67,18 @@ if _CALL == "consumer-left-out":
         _hooks.append(hook)
         return hook
 
-    _real_check = _wrapper.Wrapper._check_callbacks
+    _real_step = _wrapper.Wrapper._step
 
-    def _check(self: _wrapper.Wrapper) -> None:
+    def _step(self: _wrapper.Wrapper) -> None:
         if not _MARKER.exists() and self.records_sent >= _AFTER:
             _MARKER.touch()
             _hooks[-1]()
-            self._consumer.pause(self._consumer.assignment())
-        _real_check(self)
+            consumer = self._clients.consumer
+            consumer.pause(consumer.assignment())
+        _real_step(self)
 
     FenceWindow.consumer_built = _built  # type: ignore[method-assign]
-    _wrapper.Wrapper._check_callbacks = _check  # type: ignore[method-assign]
+    _wrapper.Wrapper._step = _step  # type: ignore[method-assign]
 elif _CALL in ("source-commit", "revoke-commit-wedged"):
     from ferryman_wrapper import _commits
 
