@@ -408,10 +408,14 @@ class StepRecovery:
         self._backoff_s = min(_RECOVERY_BACKOFF_S[1], self._backoff_s * 2)
         return backoff
 
+    def reset_backoff(self) -> None:
+        """The next wait is the first, short one again (a retried step passed)."""
+        self._backoff_s = _RECOVERY_BACKOFF_S[0]
+
     def recovered(self) -> None:
         """The rewind after a failed step passed."""
         _log.info("wrapper recovered from: %s", self.reason)
         self.reason = ""
         self.stuck.recovered()
-        self._backoff_s = _RECOVERY_BACKOFF_S[0]
+        self.reset_backoff()
         self._health_changed()

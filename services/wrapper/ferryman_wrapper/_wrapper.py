@@ -353,12 +353,15 @@ class Wrapper:
         """The first topic discovery (the source answered a moment ago; a blip is retried)."""
         while True:
             try:
-                return self._specs.discover()
+                names = self._specs.discover()
             except (KafkaException, FerrymanError) as exc:
                 if not is_transient(exc) or self._stop.is_set():
                     raise
                 self.source_health.down(f"topic discovery: {exc}")
                 self._stop.wait(self._recovery.next_backoff())
+                continue
+            self._recovery.reset_backoff()  # the loop's first recovery starts from the short wait again
+            return names
 
     def _step(self) -> None:
         """One consume() batch wrapped, then what is due: commits, progress, discovery, client failures."""
