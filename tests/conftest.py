@@ -25,7 +25,7 @@ _NIGHTLY_ENV = "FERRYMAN_NIGHTLY"
 # Set by pytest-xdist in its workers (scripts/test runs the unit, contract and integration tests on two).
 _XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
 _XDIST_WORKER_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
-_PORT_SHARD_ENV = "FERRYMAN_LOCAL_PORT_SHARD"  # ferryman_local's SHARD_ENV (not imported: a unit run needs no JVM)
+_PORT_SHARD_ENV = "FERRYMAN_LOCAL_PORT_SHARD"  # ferryman_local.SHARD_ENV; ferryman_local is imported only for brokers
 # Two JVMs starting side by side on 2 cores take ~7 s; a cold jar cache adds Maven's download.
 _CLUSTER_READY_TIMEOUT_S = 120.0
 
