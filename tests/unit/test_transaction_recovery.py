@@ -19,7 +19,7 @@ from ferryman.config import ClusterConfig, DeduperConfig
 from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
 from ferryman.health import ClusterHealth
 from ferryman_deduper import _transaction
-from ferryman_deduper._transaction import Transaction
+from ferryman_deduper._transaction import FAILED_COMMITS_PAUSE_S, Transaction
 
 
 @dataclass
@@ -309,3 +309,22 @@ def test_a_rebuild_that_fails_is_taken_up_again_by_the_next_recovery() -> None:
     assert producers.made[-1].calls == ["init_transactions"]
     # The rebuild was due: no abort was tried on the broken producer in between.
     assert "abort_transaction" not in producers.made[1].calls
+
+
+def test_failed_commits_count_until_one_passes_or_the_pause_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    producers = Producers()
+    t = txn(producers)
+    now = [1000.0]
+    monkeypatch.setattr("ferryman_deduper._transaction.time.monotonic", lambda: now[0])
+    t.recover(abortable(), "commit")
+    t.begin()
+    t.recover(abortable(), "commit")
+    assert t.commits_failing() == 2  # the deduper pauses the wrappers
+    now[0] += FAILED_COMMITS_PAUSE_S - 0.1
+    assert t.commits_failing() == 2
+    # Nothing more to write, so no commit ends the pause: it runs out, and the wrappers send again.
+    now[0] += 0.1
+    assert t.commits_failing() == 0
+    t.begin()
+    t.recover(abortable(), "commit")  # a new failure: paused again, counting on
+    assert t.commits_failing() == 3

@@ -676,7 +676,7 @@ class Deduper:
         """Why wrappers should pause for the destination ("" when it is fine)."""
         if not self.health.reachable:
             return f"destination cluster unavailable ({self.health.reason})"
-        failures = self._txn.consecutive_failures
+        failures = self._txn.commits_failing()
         return f"destination cluster unavailable ({failures} failed commits)" if failures >= 2 else ""
 
     def status(self) -> control_pb2.GetDeduperStatusResponse:

@@ -57,6 +57,11 @@ T = TypeVar("T")
 #: resumed 11-13 s after a restarted broker was back when a commit met the
 #: restart (the call in flight then hung, librdkafka #5511); the goal is 30 s.
 CALL_TIMEOUT_S = 3.0
+#: Two failed commits in a row pause the wrappers (backpressure) until this long after the last failure,
+#: unless a commit passes first. Longer than a recovery's rebuild and rewind (seconds), so commits that keep
+#: failing keep the pause on; bounded, because a deduper whose partitions have nothing left to write makes
+#: no commit to end it: a long chaos run paused both wrappers 16 min that way (2026-11-29, docs/notes.md).
+FAILED_COMMITS_PAUSE_S = 15.0
 
 
 @dataclass
@@ -117,6 +122,8 @@ class Transaction:
         self.delivery_error: KafkaError | None = None
         self.producer_fatal: KafkaError | None = None
         self.consecutive_failures = 0
+        #: When the last of them failed (monotonic), for `commits_failing`.
+        self._failed_at = 0.0
         self.commit_times = RecentDurations()
         self.flush_times = RecentDurations()
         #: Set while a rebuild is due and not yet done (a failed init_transactions is retried by recover()).
@@ -127,6 +134,16 @@ class Transaction:
         #: transaction.timeout.ms (SIGSTOP, a stalled VM): a fence soon after that is our own expiry's.
         self._alive_at = time.monotonic()
         self._stalled_at: float | None = None
+
+    def commits_failing(self) -> int:
+        """Consecutive failed commits, while the last failed under FAILED_COMMITS_PAUSE_S ago (else 0).
+
+        A deduper with nothing to write commits nothing, so only a commit resets the count: unbounded, a
+        pause of the wrappers for failed commits would outlive its cause, and no data would come to end it.
+        """
+        if time.monotonic() - self._failed_at >= FAILED_COMMITS_PAUSE_S:
+            return 0
+        return self.consecutive_failures
 
     # ------------------------------------------------------------- producer
     def start(self) -> None:
@@ -371,6 +388,7 @@ class Transaction:
         _log.warning("%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
         self.stats.aborted += 1
         self.consecutive_failures += 1
+        self._failed_at = time.monotonic()
         if cls is ErrorClass.ABORTABLE and self.exactly_once:
             try:
                 self._retrying(self.producer.abort_transaction, "abort_transaction", self._dc.operation_timeout_s)
