@@ -311,7 +311,7 @@ def test_a_rebuild_that_fails_is_taken_up_again_by_the_next_recovery() -> None:
     assert "abort_transaction" not in producers.made[1].calls
 
 
-def test_failed_commits_count_until_one_passes_or_the_pause_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pause_for_failed_commits_runs_out_unless_another_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     producers = Producers()
     t = txn(producers)
     now = [1000.0]
