@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.replication import _drop_copies
+from bench.row_run import drop_copies
 from bench.topics import list_topics
 from tests.helpers.kafka import KafkaCluster, create_topic
 
@@ -23,7 +23,7 @@ def test_dropping_a_rows_copies_deletes_the_topics_created_since_and_only_those(
     copies = {unique_name("copy-a"), unique_name("copy-b")}
     for topic in copies:
         create_topic(bootstrap, topic, 3)
-    _drop_copies("row", {bootstrap: before})
+    drop_copies("row", {bootstrap: before})
     after = set(list_topics(bootstrap))  # delete_topics waited until the metadata no longer names them
     assert kept in after
     assert not copies & after

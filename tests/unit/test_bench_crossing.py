@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import replication
+from bench import config
 from bench.crossing import (
     ELSEWHERE,
     CrossingSampler,
@@ -299,7 +299,7 @@ def test_the_compression_option_sets_every_rows_producer() -> None:
 
 @pytest.mark.parametrize("flag", ["--compression", "--staging-compression"])
 def test_the_compression_flag_keeps_its_old_name(flag: str) -> None:
-    assert replication._parse([flag, "lz4"]).options.compression == "lz4"
+    assert config.parse_args([flag, "lz4"]).options.compression == "lz4"
 
 
 def _throughput(crossed: int | None, records: int = 1_000, closed: int = 0) -> Throughput:

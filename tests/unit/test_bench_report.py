@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import replication
+from bench import config, log, replication
 from bench.latency import LatencyResult, percentile
 from bench.machine import ReclaimScheme
 from bench.measure import Usage
@@ -222,25 +222,25 @@ def test_one_round_prints_no_rounds_table_and_the_json_keeps_every_round(tmp_pat
 
 
 def test_rounds_default_to_three_two_in_a_smoke_run_and_must_be_positive() -> None:
-    assert replication._parse([]).rounds == 3
-    assert replication._parse(["--smoke"]).rounds == 2
-    assert replication._parse(["--rounds", "1"]).rounds == 1
+    assert config.parse_args([]).rounds == 3
+    assert config.parse_args(["--smoke"]).rounds == 2
+    assert config.parse_args(["--rounds", "1"]).rounds == 1
     with pytest.raises(SystemExit):
-        replication._parse(["--rounds", "0"])
+        config.parse_args(["--rounds", "0"])
 
 
 def test_the_log_line_gives_the_kernels_part_of_the_rows_and_the_brokers_cpu() -> None:
     tp = _throughput(500_000.0, 2.2)
-    assert replication._kernel_share(tp) == ""  # no reading (a row that failed before it)
+    assert log.kernel_share(tp) == ""  # no reading (a row that failed before it)
     tp = replace(tp, kernel_cpu_s_per_m=0.45)
-    assert replication._kernel_share(tp) == "; kernel 0.45"  # clusters given on the command line: no brokers
+    assert log.kernel_share(tp) == "; kernel 0.45"  # clusters given on the command line: no brokers
     tp = replace(tp, broker_cpu_s_per_m=1.3, broker_kernel_cpu_s_per_m=0.52)
-    assert replication._kernel_share(tp) == "; kernel 0.45; brokers 1.3 CPU s/M, kernel 0.52"
+    assert log.kernel_share(tp) == "; kernel 0.45; brokers 1.3 CPU s/M, kernel 0.52"
 
 
 def test_the_runs_json_names_the_client_library_and_the_machines_reclaim() -> None:
     scheme = ReclaimScheme(action="pageout", min_idle_s=60.0, quota_bytes_per_s=2**31, filters=["anon: excluded"])
-    machine = replication._describe(replication._parse(["--smoke"]), None, [scheme], None)["machine"]
+    machine = replication._describe(config.parse_args(["--smoke"]), None, [scheme], None)["machine"]
     assert machine["confluent_kafka"] == importlib.metadata.version("confluent-kafka")  # not its first character
     assert machine["memory_reclaim"] == [
         {"action": "pageout", "min_idle_s": 60.0, "quota_bytes_per_s": 2**31, "filters": ["anon: excluded"]}
@@ -249,6 +249,6 @@ def test_the_runs_json_names_the_client_library_and_the_machines_reclaim() -> No
 
 def test_the_log_line_gives_each_programs_cpu_kernel_part_and_faults_per_million() -> None:
     usage = {"ferryman-deduper": Usage(0.65, 0.1, 29_000), "ferryman-wrapper": Usage(0.5, 0.05, 20_500)}
-    assert replication._usage_per_million(usage, 500_000) == (
+    assert log.usage_per_million(usage, 500_000) == (
         "ferryman-deduper 1.30 CPU s (kernel 0.20), 58 k faults; ferryman-wrapper 1.00 CPU s (kernel 0.10), 41 k faults"
     )

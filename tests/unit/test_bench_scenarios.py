@@ -6,40 +6,42 @@ from pathlib import Path
 
 import pytest
 
+from bench.config import SCENARIOS, parse_args
 from bench.preload import split_jobs
-from bench.replication import SCENARIOS, _parse, _source_topics, round_order
+from bench.replication import round_order
 from bench.rows.base import RowContext, RowOptions
 from bench.rows.ferryman import FerrymanRow
+from bench.testbed import source_topics
 
 
 def test_a_scenario_sets_its_shape() -> None:
-    cfg = _parse(["--scenario", "partitions"])
+    cfg = parse_args(["--scenario", "partitions"])
     assert cfg.partitions == 256
     assert cfg.records == 1_000_000
-    large = _parse(["--scenario", "large"])
+    large = parse_args(["--scenario", "large"])
     assert (large.records, large.value_bytes) == (100_000, 10_240)
-    out = _parse(["--scenario", "scale-out"])
+    out = parse_args(["--scenario", "scale-out"])
     assert (out.partitions, out.options.wrapper_procs, out.options.deduper_procs) == (256, 2, 2)
-    topics = _parse(["--scenario", "topics"])
+    topics = parse_args(["--scenario", "topics"])
     assert (topics.topics, topics.partitions, topics.records) == (100, 10, 1_000_000)
     # The many-partition shapes delete each row's topics once audited; the default run keeps them.
     assert cfg.drop_copies and out.drop_copies and topics.drop_copies
-    assert not large.drop_copies and not _parse([]).drop_copies
+    assert not large.drop_copies and not parse_args([]).drop_copies
 
 
 def test_explicit_options_override_the_scenario() -> None:
-    cfg = _parse(["--scenario", "large", "--value-bytes", "102400", "--records", "20000"])
+    cfg = parse_args(["--scenario", "large", "--value-bytes", "102400", "--records", "20000"])
     assert (cfg.records, cfg.value_bytes) == (20_000, 102_400)
-    assert _parse(["--scenario", "partitions", "--partitions", "64"]).partitions == 64
-    assert not _parse(["--scenario", "topics", "--no-drop-copies"]).drop_copies
+    assert parse_args(["--scenario", "partitions", "--partitions", "64"]).partitions == 64
+    assert not parse_args(["--scenario", "topics", "--no-drop-copies"]).drop_copies
 
 
 def test_one_source_topic_by_default_and_as_many_as_asked() -> None:
-    assert _parse([]).topics == 1
-    assert _parse(["--topics", "20", "--partitions", "4"]).topics == 20
-    assert _parse(["--scenario", "topics", "--topics", "50"]).partitions == 10
+    assert parse_args([]).topics == 1
+    assert parse_args(["--topics", "20", "--partitions", "4"]).topics == 20
+    assert parse_args(["--scenario", "topics", "--topics", "50"]).partitions == 10
     # --smoke keeps its small partition count, not the topic count.
-    smoke = _parse(["--smoke", "--topics", "20"])
+    smoke = parse_args(["--smoke", "--topics", "20"])
     assert (smoke.topics, smoke.partitions) == (20, 4)
 
 
@@ -48,14 +50,14 @@ def test_topic_counts_the_record_header_cannot_number_are_refused(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        _parse(argv)
+        parse_args(argv)
     assert "--topics" in capsys.readouterr().err
 
 
 def test_source_topics_keep_the_single_topic_name_and_number_several() -> None:
-    assert _source_topics("bench-abc", 1) == ("bench-abc",)
-    assert _source_topics("bench-abc", 3) == ("bench-abc-t0", "bench-abc-t1", "bench-abc-t2")
-    many = _source_topics("bench-abc", 100)
+    assert source_topics("bench-abc", 1) == ("bench-abc",)
+    assert source_topics("bench-abc", 3) == ("bench-abc-t0", "bench-abc-t1", "bench-abc-t2")
+    many = source_topics("bench-abc", 100)
     assert (many[0], many[-1], len(set(many))) == ("bench-abc-t00", "bench-abc-t99", 100)
 
 
@@ -70,12 +72,12 @@ def test_the_preload_numbers_each_topics_partitions_in_the_record_headers() -> N
 
 def test_every_scenario_parses() -> None:
     for name in SCENARIOS:
-        assert _parse(["--scenario", name]).records > 0
+        assert parse_args(["--scenario", name]).records > 0
 
 
 def test_an_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        _parse(["--scenario", "nope"])
+        parse_args(["--scenario", "nope"])
     assert "--scenario" in capsys.readouterr().err
 
 
@@ -88,15 +90,15 @@ def test_the_ferryman_row_leaves_staging_partitions_to_the_service_by_default(tm
     flow = _row(RowOptions(), tmp_path)._config([])["flows"][0]
     # Not the source's 256: every staging partition a deduper owns costs writes in every transaction.
     assert "staging_partitions" not in flow
-    assert _parse([]).options.staging_partitions is None
+    assert parse_args([]).options.staging_partitions is None
 
 
 def test_the_ferryman_row_takes_a_staging_partition_count(tmp_path: Path) -> None:
-    cfg = _parse(["--staging-partitions", "32"])
+    cfg = parse_args(["--staging-partitions", "32"])
     flow = _row(cfg.options, tmp_path)._config([])["flows"][0]
     assert flow["staging_partitions"] == 32
     with pytest.raises(SystemExit):
-        _parse(["--staging-partitions", "0"])
+        parse_args(["--staging-partitions", "0"])
 
 
 def test_each_round_rotates_the_row_order_so_no_row_always_follows_the_same_one() -> None:

@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import SpanKind
 
-from bench import replication, stages
+from bench import row_run, stages
 from bench.latency import LatencyResult
 from bench.results import RowResult
 
@@ -123,9 +123,9 @@ def test_a_traced_row_gets_its_latency_phase_split_once_stopped(spans_file: Path
     row: Any = SimpleNamespace(name="ferryman-trace1", spans_file=lambda: spans_file)
     phase = LatencyResult(1.0, 1.0, 4, 4, 0, 1.0, 2.0, 3.0, started_s=(T0 + 1000 * MS) / 1e9)
     result = RowResult("ferryman-trace1", True, latency=phase)
-    replication._read_stages(row, result)
+    row_run._read_stages(row, result)
     assert result.latency is not None and result.latency.stages["records"] == 4
     untraced: Any = SimpleNamespace(name="copyloop", spans_file=lambda: None)
     plain = RowResult("copyloop", False, latency=LatencyResult(1.0, 1.0, 4, 4, 0, 1.0, 2.0, 3.0))
-    replication._read_stages(untraced, plain)
+    row_run._read_stages(untraced, plain)
     assert plain.latency is not None and plain.latency.stages == {} and math.isnan(plain.latency.started_s)

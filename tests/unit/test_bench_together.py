@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench.replication import _parse
+from bench.config import parse_args
 from bench.together import Gate, run_together
 
 
@@ -43,7 +43,7 @@ def test_a_row_that_fails_or_is_unavailable_lets_the_others_go_on() -> None:
         if name == "broken":
             raise RuntimeError("prepare failed")
         if name == "unavailable":
-            return "unavailable"  # returns before its first step, as _run_row does
+            return "unavailable"  # returns before its first step, as run_row does
         t = time.monotonic()
         gate.wait()
         gate.wait()
@@ -72,10 +72,10 @@ def test_a_gate_wait_times_out_instead_of_hanging() -> None:
 
 
 def test_together_needs_two_rows_and_no_dropped_copies_and_runs_no_latency_phase() -> None:
-    cfg = _parse(["--together", "--rows", "ferryman-bare,ferryman-trace1"])
+    cfg = parse_args(["--together", "--rows", "ferryman-bare,ferryman-trace1"])
     assert cfg.together and cfg.latency_duration_s == 0
-    assert not _parse(["--rows", "ferryman-bare,ferryman-trace1"]).together
+    assert not parse_args(["--rows", "ferryman-bare,ferryman-trace1"]).together
     with pytest.raises(SystemExit):
-        _parse(["--together", "--rows", "ferryman-bare"])
+        parse_args(["--together", "--rows", "ferryman-bare"])
     with pytest.raises(SystemExit):
-        _parse(["--together", "--rows", "ferryman-bare,ferryman-trace1", "--drop-copies"])
+        parse_args(["--together", "--rows", "ferryman-bare,ferryman-trace1", "--drop-copies"])
