@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -226,6 +227,39 @@ def running_flow(
     finally:
         wrapper.stop()
         deduper.stop()
+
+
+class InProcessService(Protocol):
+    """A wrapper or deduper built in the test's process (``Wrapper(config, flow)``, ``Deduper(...)``)."""
+
+    def run(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+@contextlib.contextmanager
+def running_in_thread(service: InProcessService, *, stop_timeout_s: float = 60.0) -> Iterator[None]:
+    """Run service.run() on a thread of this process; on exit shut it down and fail if it raised or hung.
+
+    In process, a test can reach into the service (its faults, its state); its gRPC server and Kafka
+    clients are as real as in a service process.
+    """
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # reported after the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=type(service).__name__, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        service.shutdown()
+        thread.join(stop_timeout_s)
+        assert not thread.is_alive(), f"{type(service).__name__} did not stop"
+        assert not failure, failure
 
 
 _HOLD_HOOK = Path(__file__).parent / "hold_call"

@@ -24,10 +24,9 @@ the service's ``group.instance.id``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -38,17 +37,12 @@ from ferryman_deduper._deduper import Deduper
 from ferryman_wrapper._wrapper import Wrapper
 
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, static_member_config, wait_until
-from tests.helpers.services import flow_config
+from tests.helpers.services import flow_config, running_in_thread
 
 pytestmark = pytest.mark.integration
 
 _PARTITIONS = 2
 _TIMEOUT_S = 60.0
-
-
-class _Service(Protocol):
-    def run(self) -> None: ...
-    def shutdown(self) -> None: ...
 
 
 def _wait(what: str, done: Callable[[], bool]) -> None:
@@ -106,27 +100,6 @@ def _twin(bootstrap: str, group: str, instance_id: str, topic: str) -> Consumer:
     return twin
 
 
-@contextlib.contextmanager
-def _running(service: _Service) -> Iterator[None]:
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            service.run()
-        except BaseException as exc:  # reported after the test
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name=type(service).__name__, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        service.shutdown()
-        thread.join(_TIMEOUT_S)
-        assert not thread.is_alive(), f"{type(service).__name__} did not stop"
-        assert not failure, failure
-
-
 @pytest.fixture
 def config(
     source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str]
@@ -153,7 +126,7 @@ _ALL = set(range(_PARTITIONS))
 def deduper(config: FerrymanConfig) -> Iterator[Deduper]:
     """A running deduper that owns every staging partition."""
     service = Deduper(config, config.flows[0])
-    with _running(service):
+    with running_in_thread(service):
         _wait("the deduper owns every staging partition", lambda: service._parts.owned == _ALL)
         yield service
 
@@ -163,7 +136,7 @@ def wrapper(config: FerrymanConfig, source_cluster: KafkaCluster) -> Iterator[Wr
     """A running wrapper that has sent 10 records of each source partition."""
     service = Wrapper(config, config.flows[0])
     produce_sequences(source_cluster.bootstrap_servers, config.flows[0].topics[0], _PARTITIONS, 10)
-    with _running(service):
+    with running_in_thread(service):
         _wait("the wrapper sent every record", lambda: service.records_sent >= 10 * _PARTITIONS)
         yield service
 
