@@ -162,6 +162,12 @@ def classify(error: KafkaError | BaseException) -> ErrorClass:
     return ErrorClass.FATAL
 
 
+def is_stale_generation(exc: BaseException) -> bool:
+    """Our consumer-group generation is gone (a rebalance, our member fenced): the group's trouble, not a cluster's."""
+    err = kafka_error_of(exc)
+    return err is not None and err.code() in _STALE_GENERATION_CODES
+
+
 def is_fatal_client_error(err: KafkaError) -> bool:
     """A client's error event that leaves the client unusable.
 

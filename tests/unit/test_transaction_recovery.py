@@ -328,3 +328,20 @@ def test_a_pause_for_failed_commits_runs_out_unless_another_fails(monkeypatch: p
     t.begin()
     t.recover(abortable(), "commit")  # a new failure: paused again, counting on
     assert t.commits_failing() == 3
+
+
+@pytest.mark.parametrize(
+    "code",
+    [KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS],
+)
+def test_a_failure_of_the_group_generation_does_not_pause_the_wrappers(code: int) -> None:
+    """Lost partitions, a fenced staging consumer or a commit refused for a stale generation: not the destination."""
+    producers = Producers()
+    t = txn(producers)
+    t.recover(abortable(), "commit")
+    t.begin()
+    t.recover(abortable(code), "lost partitions")
+    t.begin()
+    t.recover(abortable(code), "commit")
+    assert t.commits_failing() == 1  # the one destination failure; the generation's are not counted
+    assert t.stats.aborted == 3

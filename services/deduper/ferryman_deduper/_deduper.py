@@ -80,9 +80,13 @@ _SPEC_SYNC_INTERVAL_S = 10.0
 _RECOVERY_BACKOFF_S = (0.2, 5.0)
 
 
-def _abortable(why: str) -> KafkaException:
-    """The failure of a transaction that must be aborted (never a producer rebuild, which would fence a twin)."""
-    return KafkaException(KafkaError(KafkaError._STATE, why, txn_requires_abort=True))
+def _generation_lost(why: str) -> KafkaException:
+    """Our staging partitions went with our group generation: the open transaction must be aborted.
+
+    Abortable, never a producer rebuild (which would fence a twin); a stale generation, so not a failure of
+    the destination's (`Transaction.commits_failing`).
+    """
+    return KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, why, txn_requires_abort=True))
 
 
 class Deduper:
@@ -514,7 +518,7 @@ class Deduper:
         if self._parts.consumer_failed:
             # The open transaction's offsets belong to the old consumer's generation: abort it first.
             if self._txn.open:
-                self._txn.recover(_abortable("the staging consumer was fenced"), "staging consumer fenced")
+                self._txn.recover(_generation_lost("the staging consumer was fenced"), "staging consumer fenced")
             self._replace_failed_consumer()
         elif self._parts.rejoin_due and self._commit("rejoin"):
             # The open transaction is committed first, so that the revoke which follows finds nothing to commit.
@@ -655,7 +659,7 @@ class Deduper:
             return
         if lost:
             # Our generation is gone: the offsets commit would be refused.
-            self._recovery = (_abortable("staging partitions lost"), "lost partitions")
+            self._recovery = (_generation_lost("staging partitions lost"), "lost partitions")
         else:
             self._commit("revoke")
 

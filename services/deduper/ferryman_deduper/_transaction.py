@@ -36,7 +36,14 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from ferryman.config import DeduperConfig
 from ferryman.errors import FencedError, KafkaOperationError, WedgedCallError
 from ferryman.health import ClusterHealth
-from ferryman.kafka_errors import ErrorClass, authorization_error, classify, kafka_error_of, retry_retriable
+from ferryman.kafka_errors import (
+    ErrorClass,
+    authorization_error,
+    classify,
+    is_stale_generation,
+    kafka_error_of,
+    retry_retriable,
+)
 from ferryman.metrics import LatencyHistogram
 from ferryman.state import PartitionKey
 from ferryman.v1 import envelope_pb2
@@ -387,8 +394,11 @@ class Transaction:
             cls = ErrorClass.FATAL  # ours: expired by the coordinator
         _log.warning("%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
         self.stats.aborted += 1
-        self.consecutive_failures += 1
-        self._failed_at = time.monotonic()
+        if not is_stale_generation(exc):
+            # A rebalance or a fence of the staging consumer is the group's business: the wrappers pause
+            # for failed commits only when the destination itself refuses them.
+            self.consecutive_failures += 1
+            self._failed_at = time.monotonic()
         if cls is ErrorClass.ABORTABLE and self.exactly_once:
             try:
                 self._retrying(self.producer.abort_transaction, "abort_transaction", self._dc.operation_timeout_s)
