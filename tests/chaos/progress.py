@@ -1,7 +1,8 @@
 """Destination progress over time: the committed end (last stable offset) of every destination partition.
 
-``Progress`` samples them every 0.25 s on a thread of its own; the runner asks it when every loaded
-partition has moved on since a moment (recovery) and for the destination's rate per second (dips).
+``Progress`` samples them, and each partition's high watermark, every 0.25 s on a thread of its own; the
+runner asks it when every loaded partition has moved on since a moment (recovery), for the destination's
+rate per second (dips), and which partitions an open transaction held during a fault (``held``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -26,6 +27,8 @@ _RATE_STEP_S = 5.0
 # Consecutive samples with unanswered partitions before the client is replaced: a broker away for a
 # moment is not a reason, a client stuck on stale metadata is (a new one needs a sample to warm up).
 _FRESH_AFTER = 8
+# A partition counts as held when its committed end stays put this long while records sit above it.
+HELD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Sample:
 
     at: float
     ends: dict[tuple[str, int], int]
+    highs: dict[tuple[str, int], int] = field(default_factory=dict)
+    """High watermarks (read_uncommitted ends): above the committed end, an open transaction's records."""
 
 
 class Progress(threading.Thread):
@@ -64,29 +69,36 @@ class Progress(threading.Thread):
         while not self._done.is_set():
             with self._lock:
                 tracked = dict(self._tracked)
-            ends: dict[tuple[str, int], int] = {}
-            # One ListOffsets request per leader for every partition; a partition whose leader is away
-            # (or that is not there yet) is left out of this sample.
-            latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # confluent-kafka's stub lacks it
-            futures = self._admin.list_offsets(
-                {TopicPartition(t, p): latest for t, n in tracked.items() for p in range(n)},
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=_WATERMARK_TIMEOUT_S,
-            )
+            partitions = [TopicPartition(t, p) for t, n in tracked.items() for p in range(n)]
             errors: set[str] = set()
-            for tp, future in futures.items():
-                # A bounded wait: the future of a topic not there yet may never resolve.
-                try:
-                    ends[(tp.topic, tp.partition)] = future.result(timeout=_WATERMARK_TIMEOUT_S).offset
-                except (KafkaException, concurrent.futures.TimeoutError) as exc:
-                    errors.add(repr(exc)[:200])
+            ends = self._ends(partitions, IsolationLevel.READ_COMMITTED, errors)
+            highs = self._ends(partitions, IsolationLevel.READ_UNCOMMITTED, errors)
             self._failed = self._failed + 1 if errors else 0
             if self._failed and self._failed % _FRESH_AFTER == 0:
                 # A client that asked before a topic existed keeps failing for it (seen here): start afresh.
-                _log.info("progress: %d partitions unanswered (%s)", len(futures) - len(ends), sorted(errors)[:3])
+                _log.info("progress: %d partitions unanswered (%s)", len(partitions) - len(ends), sorted(errors)[:3])
                 self._admin = AdminClient({"bootstrap.servers": self._servers})
-            self.samples.append(Sample(time.monotonic(), ends))
+            self.samples.append(Sample(time.monotonic(), ends, highs))
             self._done.wait(_SAMPLE_S)
+
+    def _ends(
+        self, partitions: list[TopicPartition], isolation: IsolationLevel, errors: set[str]
+    ) -> dict[tuple[str, int], int]:
+        """Each partition's end (last stable offset, or high watermark read_uncommitted); errors noted."""
+        # One ListOffsets request per leader for every partition; a partition whose leader is away
+        # (or that is not there yet) is left out of this sample.
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # confluent-kafka's stub lacks it
+        futures = self._admin.list_offsets(
+            dict.fromkeys(partitions, latest), isolation_level=isolation, request_timeout=_WATERMARK_TIMEOUT_S
+        )
+        ends: dict[tuple[str, int], int] = {}
+        for tp, future in futures.items():
+            # A bounded wait: the future of a topic not there yet may never resolve.
+            try:
+                ends[(tp.topic, tp.partition)] = future.result(timeout=_WATERMARK_TIMEOUT_S).offset
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                errors.add(repr(exc)[:200])
+        return ends
 
     def stop(self) -> None:
         """Stop sampling."""
@@ -132,6 +144,15 @@ class Progress(threading.Thread):
             time.sleep(_SAMPLE_S / 2)  # waiting on the sampler thread's next sample
         return None
 
+    def held(self, begin: float, end: float, most: int = 4) -> list[str]:
+        """Partitions an open transaction held between begin and end (monotonic): the longest first.
+
+        Held: the committed end did not move for at least HELD_S while the high watermark stood above it,
+        records written but not yet committed or aborted. Each reads ``topic/partition 12.3 s (+456)``: the
+        longest such stretch and the most offsets above the committed end during it.
+        """
+        return [f"{t}/{p} {s:.1f} s (+{gap})" for s, gap, (t, p) in held_stretches(self.samples, begin, end)[:most]]
+
     def rates(self, origin: float) -> list[tuple[float, float, float]]:
         """Destination records per second, in steps of about _RATE_STEP_S: (from, to, rate), in seconds since origin.
 
@@ -156,3 +177,36 @@ class Progress(threading.Thread):
                 out.append((round(prev.at - origin, 2), round(s.at - origin, 2), moved / (s.at - prev.at)))
                 prev = s
         return out
+
+
+def held_stretches(samples: list[Sample], begin: float, end: float) -> list[tuple[float, int, tuple[str, int]]]:
+    """(seconds, most offsets above the committed end, partition) of each held partition, longest first.
+
+    A stretch starts at the first sample where a partition's high watermark stands above its committed
+    end and lasts while the committed end does not move (samples where it did not answer are skipped).
+    """
+    longest: dict[tuple[str, int], tuple[float, int]] = {}
+    open_at: dict[tuple[str, int], tuple[float, int, int]] = {}  # since, committed end, most above it
+    window = [s for s in samples if begin <= s.at <= end]
+    for sample in window:
+        for key, committed in sample.ends.items():
+            high = sample.highs.get(key)
+            started = open_at.get(key)
+            if started is not None and committed != started[1]:
+                del open_at[key]
+                started = None
+            if high is None:
+                continue
+            if high <= committed:  # nothing above the committed end: not held
+                open_at.pop(key, None)
+                continue
+            if started is None:
+                open_at[key] = (sample.at, committed, high - committed)
+                continue
+            since, _, gap = started
+            gap = max(gap, high - committed)
+            open_at[key] = (since, committed, gap)
+            took = sample.at - since
+            if took >= HELD_S and took > longest.get(key, (0.0, 0))[0]:
+                longest[key] = (took, gap)
+    return sorted(((s, g, k) for k, (s, g) in longest.items()), reverse=True)

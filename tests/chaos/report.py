@@ -33,6 +33,8 @@ class FaultRecord:
     min_rate: float | None = None
     """Lowest destination records/s seen from the fault's start to its recovery (the dip)."""
     detail: str = ""
+    held: list[str] = field(default_factory=list)
+    """Destination partitions an open transaction held from the fault's start to its recovery (``Progress.held``)."""
     error: str = ""
     """Why the fault counts against the verdict (not applied, no recovery)."""
     phases: dict[str, float] = field(default_factory=dict)
@@ -185,6 +187,8 @@ class Report:
                 f"{f.fault['duration_s']:>6.1f} {rec:>10} {rate:>8} {f.detail}{' ERROR: ' + f.error if f.error else ''}"
             )
             lines.append(f"{'':>11}time: {f.timings()}")
+            if f.held:
+                lines.append(f"{'':>11}held: {', '.join(f.held)}")
         lines.append("")
         lines.append("run steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
         lines.append(f"verdict: {'clean' if self.clean else 'FAILED'}")

@@ -258,6 +258,7 @@ class ChaosRun:
                         mark, RECOVERY_BUDGET_S, give_up=lambda: bool(self.load.errors)
                     )
                 rec.recovered_at_s = round(time.monotonic() - started, 2)
+                rec.held = self.progress.held(started + rec.started_s, time.monotonic())
                 if rec.recovery_s is None:
                     rec.error = rec.error or (
                         f"destination progress did not resume within {RECOVERY_BUDGET_S:g}s (budget ran out): "
