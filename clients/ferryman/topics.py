@@ -207,6 +207,12 @@ def committed_ranges(
         for end, futures in asked.items():
             # Bounded: the future of a partition without a leader may not resolve on its own.
             ends[end] = {(tp.topic, tp.partition): answer(fut, timeout_s, what).offset for tp, fut in futures.items()}
+        unknown = sorted(key for key in ends["high"] if min(ends["low"][key], ends["high"][key]) < 0)
+        if unknown:
+            # librdkafka answers OFFSET_INVALID (-1001), not an error, for a partition whose leader is away
+            # (seen with a broker of three down): read as offsets, it made a partition look empty.
+            shown = ", ".join(f"{t} [{p}]" for t, p in unknown[:5])
+            raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{what}: no offsets for {shown}"))
         return {key: (ends["low"][key], ends["high"][key]) for key in ends["high"]}
 
     return retry_retriable(ask, what=what, budget_s=timeout_s)
