@@ -146,8 +146,8 @@ def _check_alive(flow: RunningFlow, when: str) -> None:
     "victim_role",
     [
         pytest.param("transaction-coordinator"),
-        # In the long chaos run of 2026-11-29 a destination partition stalled until the killed active
-        # controller was back (docs/notes.md, Open questions); alone, a flow rode through it in 10-20 s.
+        # A flow rides through it in 10-20 s. The long chaos run's "stall until the killed controller was
+        # back" was its sampler reading ListOffsets' -1001 as an end (docs/notes.md, Pitfalls).
         pytest.param("active-controller", marks=pytest.mark.nightly),
     ],
 )
