@@ -41,6 +41,8 @@ _SETTLE_POLL_S = 0.02
 _SETTLE_LOG_S = 0.1
 #: The least time given to one ask for offsets in settled_ends.
 _SETTLE_ASK_MIN_S = 2.0
+#: The longest one ask of committed_ranges waits before asking again (within its budget).
+_RANGES_ASK_S = 5.0
 
 
 def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
@@ -196,26 +198,43 @@ def committed_ranges(
     # confluent-kafka's stub leaves OffsetSpec's constructors untyped.
     specs = {"low": OffsetSpec.earliest(), "high": OffsetSpec.latest()}  # type: ignore[no-untyped-call]
 
+    # One ask waits _RANGES_ASK_S at most: a request to a leader that is gone waits its whole request timeout,
+    # and the next ask may find the new leader (a 3-node test: a 60 s ask to the killed node's partitions).
+    ask_s = min(timeout_s, _RANGES_ASK_S)
+
     def ask() -> dict[tuple[str, int], tuple[int, int]]:
         asked = {
             end: admin.list_offsets(
-                dict.fromkeys(wanted, spec), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s
+                dict.fromkeys(wanted, spec), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ask_s
             )
             for end, spec in specs.items()
         }
         ends: dict[str, dict[tuple[str, int], int]] = {}
         for end, futures in asked.items():
             # Bounded: the future of a partition without a leader may not resolve on its own.
-            ends[end] = {(tp.topic, tp.partition): answer(fut, timeout_s, what).offset for tp, fut in futures.items()}
+            try:
+                ends[end] = {(tp.topic, tp.partition): answer(fut, ask_s, what).offset for tp, fut in futures.items()}
+            except KafkaOperationError as exc:
+                _refresh_metadata(admin, partitions)
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, str(exc))) from exc  # asked again
         unknown = sorted(key for key in ends["high"] if min(ends["low"][key], ends["high"][key]) < 0)
         if unknown:
             # librdkafka answers OFFSET_INVALID (-1001), not an error, for a partition whose leader is away
-            # (seen with a broker of three down): read as offsets, it made a partition look empty.
+            # (seen with a broker of three down): read as offsets, it made a partition look empty. The client
+            # keeps asking the old leader until its metadata is refreshed (it did not within 60 s on its own).
+            _refresh_metadata(admin, {t for t, _ in unknown})
             shown = ", ".join(f"{t} [{p}]" for t, p in unknown[:5])
             raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{what}: no offsets for {shown}"))
         return {key: (ends["low"][key], ends["high"][key]) for key in ends["high"]}
 
     return retry_retriable(ask, what=what, budget_s=timeout_s)
+
+
+def _refresh_metadata(admin: AdminClient, topics: Iterable[str]) -> None:
+    """Ask for the topics' metadata: the client's cache then names their current leaders."""
+    for topic in topics:
+        with contextlib.suppress(KafkaException):
+            admin.list_topics(topic, timeout=_METADATA_REFRESH_S)
 
 
 def uuid_bytes(uuid: object) -> bytes:

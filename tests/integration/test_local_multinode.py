@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 import logging
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from ferryman.topics import committed_ranges
 from ferryman.topics import create_topic as create_replicated_topic
 from ferryman_local import (
     JVM_OPTIONS,
@@ -43,9 +46,14 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeCluster
         yield cluster
 
 
-def _replicas(bootstrap: str, topic: str) -> dict[int, list[int]]:
+def _partitions(bootstrap: str, topic: str) -> list[Any]:
+    """The topic's partitions as the metadata names them (id, leader, replicas)."""
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    return {p.id: list(p.replicas) for p in metadata.topics[topic].partitions.values()}
+    return list(metadata.topics[topic].partitions.values())
+
+
+def _replicas(bootstrap: str, topic: str) -> dict[int, list[int]]:
+    return {p.id: list(p.replicas) for p in _partitions(bootstrap, topic)}
 
 
 def test_three_nodes_form_one_cluster_with_three_replicas_of_everything(three: MultiNodeCluster) -> None:
@@ -130,6 +138,19 @@ def test_coordinators_are_named_where_kafka_places_them(three: MultiNodeCluster)
         assert group_coordinator(three.bootstrap_servers, group) == expected, group
 
 
+def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    return {p.id: p.leader for p in _partitions(bootstrap, topic)}
+
+
+def _read_ranges(
+    admin: AdminClient, topic: str, out: list[dict[tuple[str, int], tuple[int, int]] | BaseException]
+) -> None:
+    try:
+        out.append(committed_ranges(admin, {topic: PARTITIONS}, COMMIT_BUDGET_S))
+    except BaseException as exc:  # reported by the test
+        out.append(exc)
+
+
 def test_transactions_commit_while_the_coordinators_node_is_down_and_it_rejoins(
     three: MultiNodeCluster, unique_name: Callable[[str], str]
 ) -> None:
@@ -145,8 +166,15 @@ def test_transactions_commit_while_the_coordinators_node_is_down_and_it_rejoins(
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid})
     producer.init_transactions(30)
     victim = transaction_coordinator(bootstrap, tid)
+    led = [p for p, leader in _leaders(bootstrap, topic).items() if leader == victim]
     three.kill(victim)
     assert victim not in three.running_nodes
+    # Meanwhile, a client that knew the old leaders reads the committed ranges: librdkafka answers offset -1001
+    # with no error for the partitions of a leader that is away, and committed_ranges must ask again rather
+    # than read them as empty (the deduper's check of an existing destination topic did).
+    ranges: list[dict[tuple[str, int], tuple[int, int]] | BaseException] = []
+    reader = threading.Thread(target=_read_ranges, args=(admin, topic, ranges), daemon=True)
+    reader.start()
 
     killed = time.monotonic()
     producer.begin_transaction()
@@ -157,6 +185,11 @@ def test_transactions_commit_while_the_coordinators_node_is_down_and_it_rejoins(
     producer.commit_transaction(COMMIT_BUDGET_S)
     _log.info("committed with node %d (the coordinator) down in %.1fs", victim, time.monotonic() - killed)
     assert transaction_coordinator(bootstrap, tid) != victim
+    reader.join(COMMIT_BUDGET_S)
+    assert len(ranges) == 1 and isinstance(ranges[0], dict), ranges
+    # Read while the node was down: the 50 records produced before the kill, in every partition (the ones
+    # the node led too), perhaps the transaction's 50 more and their marker.
+    assert led and all(low == 0 and high >= 50 for low, high in ranges[0].values()), (led, ranges)
 
     three.restart(victim)
     assert victim in three.running_nodes

@@ -22,6 +22,10 @@ class _Admin:
     def __init__(self, away: int) -> None:
         self.away = away
         self.asks = 0
+        self.refreshed: list[str] = []
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed.append(topic)  # the metadata request that makes the client ask the new leader
 
     def list_offsets(self, offsets: dict[TopicPartition, Any], **_kwargs: Any) -> dict[TopicPartition, Future[Any]]:
         self.asks += 1
@@ -49,6 +53,7 @@ def test_a_partition_without_offsets_is_asked_again_until_its_leader_answers() -
     ranges = topics.committed_ranges(admin, {"t": 2}, timeout_s=5.0)  # type: ignore[arg-type]
     assert ranges == {("t", 0): (0, 0), ("t", 1): (5, 10)}
     assert admin.asks == 6  # two asks (low and high) per attempt: two without partition 1's leader, then one
+    assert admin.refreshed == ["t", "t"]  # after each attempt without partition 1's offsets
 
 
 def test_a_partition_whose_leader_stays_away_is_a_transient_failure_not_an_empty_range() -> None:
