@@ -108,8 +108,7 @@ def watermark_offsets(consumer: Consumer, topic: str, partition: int, *, budget_
             return consumer.get_watermark_offsets(tp, timeout=budget_s)
         except KafkaException as exc:
             if _has_code(exc, KafkaError._UNKNOWN_PARTITION):
-                with contextlib.suppress(KafkaException):  # a metadata request for the topic refreshes the cache
-                    consumer.list_topics(topic, timeout=min(budget_s, _METADATA_REFRESH_S))
+                _refresh_metadata(consumer, (topic,), timeout_s=min(budget_s, _METADATA_REFRESH_S))
             raise
 
     return retry_retriable(ask, what=f"reading the offsets of {topic} [{partition}]", budget_s=budget_s)
@@ -230,11 +229,13 @@ def committed_ranges(
     return retry_retriable(ask, what=what, budget_s=timeout_s)
 
 
-def _refresh_metadata(admin: AdminClient, topics: Iterable[str]) -> None:
-    """Ask for the topics' metadata: the client's cache then names their current leaders."""
+def _refresh_metadata(
+    client: AdminClient | Consumer, topics: Iterable[str], *, timeout_s: float = _METADATA_REFRESH_S
+) -> None:
+    """Ask for the topics' metadata: the client's cache then names their current leaders and partitions."""
     for topic in topics:
         with contextlib.suppress(KafkaException):
-            admin.list_topics(topic, timeout=_METADATA_REFRESH_S)
+            client.list_topics(topic, timeout=timeout_s)
 
 
 def uuid_bytes(uuid: object) -> bytes:
