@@ -484,8 +484,13 @@ def verify(env: envelope_pb2.Envelope, *, record_traces: dict[int, tuple[str, st
     run = run_of_payload(records)
     if env.record_count and env.record_count != len(run):
         raise EnvelopeError(f"envelope says {env.record_count} records but holds {len(run)}")
+    # A copy, not env.source: a sub-message keeps its parent's whole arena alive, records included (~512 KB
+    # with large records), and a transaction holds the source of every envelope it writes (its slices) until
+    # it commits. Holding the sub-message made the deduper's memory grow with the transaction, not its queues.
+    source = envelope_pb2.SourcePartition()
+    source.CopyFrom(env.source)
     return DecodedEnvelope(
-        source=env.source,
+        source=source,
         previous_offset=env.previous_offset,
         run=run,
         wrapper_id=env.wrapper_id,
