@@ -32,8 +32,11 @@ from bench.errors import BenchError
 from bench.latency import offer
 from bench.topics import create_topics
 
-#: Offered load of the warm-up, records/s: well below every row's maximum here.
+#: Offered load of the warm-up, records/s: well below every row's maximum here...
 _RATE = 50_000
+#: ...and in bytes: 50,000 records/s of 100 KB (the large scenario's biggest) is 5 GB/s, which no row
+#: reaches; a generator that far behind built each partition's whole backlog of values at once (~20 GB).
+_MAX_BYTES_PER_S = 25 * 1024 * 1024
 #: Transaction length of the relay (the services' default transaction interval).
 _TXN_S = 0.1
 #: Records per consume() call of the relay and the reader.
@@ -129,6 +132,12 @@ def _read(destination: str, topic: str, target: int, caught_up: threading.Event,
     return read
 
 
+def warmup_rate(value_bytes: int) -> float:
+    """The warm-up's offered load, records/s: ``_RATE``, or less for records so large that it would pass
+    ``_MAX_BYTES_PER_S``."""
+    return min(_RATE, _MAX_BYTES_PER_S / max(1, value_bytes))
+
+
 def warm_up(
     source: str, destination: str, topic: str, partitions: int, seconds: float, value_bytes: int
 ) -> WarmupResult:
@@ -143,13 +152,14 @@ def warm_up(
     create_topics(destination, [topic], partitions)
     group = f"{topic}-relay"
     stop_relay, stop_reader, caught_up = threading.Event(), threading.Event(), threading.Event()
-    offered = int(_RATE * seconds)
+    rate = warmup_rate(value_bytes)
+    offered = int(rate * seconds)
     with ThreadPoolExecutor(2, thread_name_prefix="warmup") as threads:
         relay = threads.submit(_relay, source, destination, topic, topic, group, stop_relay)
         reader = threads.submit(_read, destination, topic, offered, caught_up, stop_reader)
         try:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                pool.submit(offer, source, topic, partitions, offered, _RATE, value_bytes).result()
+                pool.submit(offer, source, topic, partitions, offered, rate, value_bytes).result()
             caught_up.wait(_DRAIN_S)  # the last transactions commit and are read
         finally:
             stop_relay.set()

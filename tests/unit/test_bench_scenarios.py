@@ -12,6 +12,7 @@ from bench.replication import round_order
 from bench.rows.base import RowContext, RowOptions
 from bench.rows.ferryman import FerrymanRow
 from bench.testbed import source_topics
+from bench.warmup import warmup_rate
 
 
 def test_a_scenario_sets_its_shape() -> None:
@@ -108,3 +109,8 @@ def test_each_round_rotates_the_row_order_so_no_row_always_follows_the_same_one(
     assert orders[1] == ["ferryman", "ferryman-trace1", "ferryman-bare"]
     assert {tuple(o) for o in orders[:3]} == {tuple(rows[i:] + rows[:i]) for i in range(3)}
     assert round_order([], 3) == []
+
+
+def test_the_warm_up_offers_large_records_at_a_bounded_byte_rate() -> None:
+    assert warmup_rate(100) == 50_000  # small records: the record rate rules
+    assert warmup_rate(102_400) * 102_400 == 25 * 1024 * 1024  # 100 KB: 256 records/s, not 5 GB/s
