@@ -67,8 +67,7 @@ STREAMING_CONSUMER_DEFAULTS: dict[str, Any] = {
 #: hop filled it: with 10 KB records the pair peaked at 1.27 GB against the copy loop's 374 MB (issue 29).
 #: 64 MiB is still 0.6 s of data at 100 MB/s (a full queue is waited out: the wrapper polls, the deduper's
 #: direct path hands the row to produce(), which waits), so the rate does not depend on it. With it, a
-#: service's peak RSS is about its ~80 MB interpreter and libraries, plus queued.max.messages.kbytes of
-#: prefetched records (64 MiB, overshot by up to one fetch), plus this, plus the batch in hand (README).
+#: service's peak RSS is bounded by its configuration (README, "Memory"; tests/integration/test_memory_bound.py).
 PRODUCER_QUEUE_MAX_KBYTES = 64 * 1024
 
 
