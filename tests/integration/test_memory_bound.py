@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from tests.helpers.kafka import KafkaCluster, assert_sequences, create_topic, produce_sequences, read_all
+from tests.helpers.procstatus import status_kib
 from tests.helpers.services import ServiceProcess, flow_config, write_config
 
 pytestmark = pytest.mark.integration
@@ -38,12 +39,9 @@ REPLICATION_TIMEOUT_S = 180.0
 
 
 def _rss_kb(proc: ServiceProcess, field: str) -> int:
-    """A /proc status field of the service's process (VmRSS: now, VmHWM: its peak), in KiB."""
+    """A memory field of the service's process (VmRSS: now, VmHWM: its peak), in KiB."""
     assert proc.proc is not None and proc.alive, f"{proc.kind} is not running:\n{proc.output()[-4000:]}"
-    for line in Path(f"/proc/{proc.proc.pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{proc.proc.pid}/status")
+    return status_kib(field, proc.proc.pid)
 
 
 def _produce_incompressible(bootstrap: str, topic: str) -> dict[int, list[bytes]]:

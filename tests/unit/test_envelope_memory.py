@@ -11,23 +11,16 @@ tracemalloc does not.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ferryman import envelope
 from ferryman.envelope import RecordRun
 from ferryman.v1 import envelope_pb2
+
+from tests.helpers.procstatus import status_kib
 
 SRC = envelope_pb2.SourcePartition(cluster_id="src-cluster", topic="orders", topic_id=bytes(range(16)), partition=7)
 ENVELOPES = 100
 VALUE_BYTES = 100 * 1024
 RECORDS = 5  # ~512 KB per envelope, as envelope_max_bytes cuts large records
-
-
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def test_the_sources_of_decoded_envelopes_do_not_hold_their_records() -> None:
@@ -40,9 +33,9 @@ def test_the_sources_of_decoded_envelopes_do_not_hold_their_records() -> None:
     )
     data = envelope.encode(SRC, -1, run, wrapper_id="w", wrapper_epoch=1)
     envelope.decode(data)  # warm: the first decode's one-off allocations are not the sources'
-    before = _rss_mib()
+    before = status_kib("VmRSS")
     sources = [envelope.decode(data).source for _ in range(ENVELOPES)]
-    grew = _rss_mib() - before
+    grew = (status_kib("VmRSS") - before) / 1024
     held = ENVELOPES * len(data) / (1 << 20)
     assert all(s == SRC for s in sources)
     # Holding the sub-messages held every envelope: ~50 MiB here. Copies take a few kilobytes.
