@@ -64,6 +64,8 @@ class TreeSampler:
         self._usage: dict[int, tuple[int, Usage]] = {}
         self._lock = threading.Lock()
         self.peak_rss_bytes = 0
+        #: root pid -> peak of its tree's summed RSS
+        self.peak_rss_by_root: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
         self.sample()
@@ -82,6 +84,7 @@ class TreeSampler:
     def sample(self) -> float:
         """Take a sample now; return the CPU seconds used so far."""
         rss = 0
+        rss_by_root: dict[int, int] = {}
         with self._lock:
             for root, proc in self._tree():
                 try:
@@ -96,7 +99,10 @@ class TreeSampler:
                 kernel = t.system + t.children_system
                 self._usage[proc.pid] = (root, Usage(t.user + t.children_user + kernel, kernel, faults))
                 rss += mem
+                rss_by_root[root] = rss_by_root.get(root, 0) + mem
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+            for root, tree_rss in rss_by_root.items():
+                self.peak_rss_by_root[root] = max(self.peak_rss_by_root.get(root, 0), tree_rss)
             return sum(u.cpu_s for _root, u in self._usage.values())
 
     def kernel_s(self) -> float:

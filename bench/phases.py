@@ -134,7 +134,7 @@ def measure_row(
     row.launch()
     sampler = TreeSampler(p.pid for p in row.processes)
     # Stopped before the row: the peak RSS covers the copy and the latency phase, not the shutdown.
-    cleanup.callback(lambda: _record_peak_rss(result, sampler))
+    cleanup.callback(lambda: _record_peak_rss(result, sampler, row))
     # Its first reading, now, is the copy's start: every socket the row opens from here counts in full.
     crossing = _crossing_sampler(row, stage)
     if crossing is not None:
@@ -321,7 +321,19 @@ def latency_floor(cfg: BenchConfig, stage: Stage, rate: float) -> LatencyResult:
     return _latency_phase(cfg, "latency floor (no replicator)", stage.source, topic, stage.source, topic, rate)
 
 
-def _record_peak_rss(result: RowResult, sampler: TreeSampler) -> None:
+def _record_peak_rss(result: RowResult, sampler: TreeSampler, row: Row) -> None:
     sampler.stop()
     if result.throughput is not None:
-        result.throughput = replace(result.throughput, peak_rss_mb=sampler.peak_rss_bytes / 1e6)
+        programs = row.programs()
+        by_program: dict[str, float] = {}
+        for pid, peak in sampler.peak_rss_by_root.items():
+            name = programs.get(pid, str(pid))
+            by_program[name] = by_program.get(name, 0.0) + peak / 1e6
+        result.throughput = replace(
+            result.throughput, peak_rss_mb=sampler.peak_rss_bytes / 1e6, peak_rss_mb_by_program=by_program
+        )
+        log(
+            f"{row.name}: peak RSS {sampler.peak_rss_bytes / 1e6:,.0f} MB ("
+            + ", ".join(f"{name} {mb:,.0f}" for name, mb in sorted(by_program.items()))
+            + ")"
+        )

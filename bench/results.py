@@ -70,6 +70,8 @@ class Throughput:
     """Minor page faults of each program's processes: first touches of fresh pages,
     each one zero-filled by the kernel (a deduper that touches more new memory
     in one round than in another shows here and in its kernel time)."""
+    peak_rss_mb_by_program: Mapping[str, float] = field(default_factory=dict)
+    """Each program's peak RSS (its processes' trees; several processes of one program: their peaks summed)."""
     broker_kernel_cpu_s_per_m: float | None = None
     """The part of ``broker_cpu_s_per_m`` spent in the kernel: a round that is slow for no
     reason of the row's own often shows here (page-cache work in the destination broker)."""

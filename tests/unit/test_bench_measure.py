@@ -96,7 +96,7 @@ def test_the_kernel_share_of_the_cpu_is_reported() -> None:
     assert 0.15 <= kernel <= total  # reading /dev/zero is the kernel's work, the loop around it is not
 
 
-def test_minor_faults_and_the_kernel_part_are_reported_per_root() -> None:
+def test_minor_faults_the_kernel_part_and_the_peak_rss_are_reported_per_root() -> None:
     toucher, idler = (
         subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for code in (_TOUCHER, _IDLER)
@@ -110,6 +110,7 @@ def test_minor_faults_and_the_kernel_part_are_reported_per_root() -> None:
             sampler.sample()
             usage = sampler.usage_by_root()
             cpu = sampler.by_root()
+            peaks = dict(sampler.peak_rss_by_root)
         finally:
             sampler.stop()
     finally:
@@ -122,3 +123,6 @@ def test_minor_faults_and_the_kernel_part_are_reported_per_root() -> None:
     assert all(0 <= u.kernel_s <= u.cpu_s for u in usage.values())
     assert usage[toucher.pid].kernel_s > 0  # zero-filling 32 768 pages
     assert {pid: u.cpu_s for pid, u in usage.items()} == cpu
+    assert peaks[toucher.pid] >= 128 << 20  # the touched pages are resident
+    assert peaks[idler.pid] < 64 << 20  # an idle interpreter
+    assert sampler.peak_rss_bytes >= peaks[toucher.pid]
