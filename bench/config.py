@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.cpucap import CpuCaps
+from bench.errors import BenchError
 from bench.records import MAX_PARTITIONS, MIN_VALUE_BYTES
 from bench.rows import DEFAULT_ROWS, ROWS, RowOptions
 
@@ -153,6 +155,14 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> Be
         "--mm2-producer-tuning", action="store_true", help="mm2 rows: 1 MB batches, linger 5 ms (default: as shipped)"
     )
     ap.add_argument(
+        "--cpu-per-process",
+        type=float,
+        metavar="CORES",
+        help="confine every process of every row to this many cores, each by a cgroup of its own (needs root): "
+        "small stand-ins for GIL-bound processes on cores of their own, for the scale-out scenario on a machine "
+        "whose cores the brokers fill (default: uncapped)",
+    )
+    ap.add_argument(
         "--latency-rate",
         help=f"offered load of the latency phase, rec/s, or {_HALF_FERRYMAN} (default: {_HALF_FERRYMAN} when the "
         f"ferryman row runs, else {DEFAULT_LATENCY_RATE:.0f}; --smoke: {_SMOKE_LATENCY_RATE:.0f})",
@@ -236,6 +246,11 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> Be
         ap.error("--records, --partitions, --topics, --*-procs, --mm2-tasks and --rounds must be positive")
     if args.staging_partitions is not None and args.staging_partitions < 1:
         ap.error("--staging-partitions must be positive")
+    if args.cpu_per_process is not None:
+        try:
+            CpuCaps(args.cpu_per_process, "check")  # a cap that cannot be set fails here, not in the first row
+        except BenchError as exc:
+            ap.error(str(exc))
     if args.rehearsal_records < 0:
         ap.error("--rehearsal-records must not be negative")
     if args.topics * args.partitions > MAX_PARTITIONS:
@@ -277,6 +292,7 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> Be
             staging_partitions=args.staging_partitions,
             mm2_tasks=args.mm2_tasks,
             mm2_producer_tuning=args.mm2_producer_tuning,
+            cpu_per_process=args.cpu_per_process,
         ),
         latency_rate=latency_rate,
         latency_duration_s=args.latency_seconds,

@@ -2,7 +2,7 @@
 
 from bench.rows.base import Row, RowContext, RowOptions, RowUnavailableError, round_tag
 from bench.rows.copyloop import CopyLoopRow
-from bench.rows.ferryman import FerrymanRow
+from bench.rows.ferryman import FerrymanOnePairRow, FerrymanRow
 from bench.rows.ferryman_observed import (
     FerrymanBareRow,
     FerrymanTraced01Row,
@@ -19,6 +19,7 @@ ROWS: dict[str, type[Row]] = {
     for r in (
         FerrymanRow,
         CopyLoopRow,
+        FerrymanOnePairRow,
         MirrorMakerRow,
         MirrorMakerEosRow,
         FerrymanBareRow,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from bench import procs
+from bench.cpucap import CpuCaps
 from bench.crossing import Placement
 
 #: How much of a row's log is quoted when one of its processes dies.
@@ -39,6 +40,9 @@ class RowOptions:
     """MirrorMaker 2: ``tasks.max``."""
     mm2_producer_tuning: bool = False
     """MirrorMaker 2: batch and linger like the Python rows instead of Connect's defaults."""
+    cpu_per_process: float | None = None
+    """Every process of every row confined to this many cores, each by a cgroup of its own (``bench.cpucap``);
+    None: uncapped."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class Row(ABC):
         self.ctx = ctx
         self.processes: list[subprocess.Popen[bytes]] = []
         self._logs: list[tuple[str, Path]] = []
+        cores = ctx.options.cpu_per_process
+        self._caps = CpuCaps(cores, ctx.run_id) if cores is not None else None
 
     @property
     @abstractmethod
@@ -136,7 +142,10 @@ class Row(ABC):
     def _spawn(self, argv: Sequence[str], log_name: str, env: Mapping[str, str] | None = None) -> None:
         log = self.ctx.work_dir / log_name
         self._logs.append((Path(argv[0]).name, log))
-        self.processes.append(procs.spawn(argv, log, env))
+        proc = procs.spawn(argv, log, env)
+        self.processes.append(proc)
+        if self._caps is not None:
+            self._caps.confine(proc.pid)
 
     def programs(self) -> dict[int, str]:
         """The program each of the row's processes was launched as, by pid."""
@@ -154,3 +163,5 @@ class Row(ABC):
     def stop(self, grace_s: float) -> None:
         """Stop every process of the row (SIGTERM, SIGKILL after ``grace_s``)."""
         procs.stop(self.processes, grace_s)
+        if self._caps is not None:
+            self._caps.release()

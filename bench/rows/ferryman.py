@@ -35,6 +35,11 @@ class FerrymanRow(Row):
         self._deduper_addresses: list[str] = []
 
     @property
+    def procs(self) -> tuple[int, int]:
+        """(wrapper, deduper) processes: ``--wrapper-procs`` and ``--deduper-procs``."""
+        return self.ctx.options.wrapper_procs, self.ctx.options.deduper_procs
+
+    @property
     def alias(self) -> str:
         """Destination topics are ``source.<topic>`` (prefix policy; ``source-rN.<topic>`` in round N).
 
@@ -95,8 +100,8 @@ class FerrymanRow(Row):
 
     def launch(self) -> None:
         """Start the dedupers first (the wrappers connect to them), then the wrappers."""
-        opts = self.ctx.options
-        self._deduper_addresses = [f"127.0.0.1:{reserve_port()}" for _ in range(opts.deduper_procs)]
+        wrappers, dedupers = self.procs
+        self._deduper_addresses = [f"127.0.0.1:{reserve_port()}" for _ in range(dedupers)]
         path = self.ctx.work_dir / "ferryman.yaml"
         path.write_text(yaml.safe_dump(self._config(self._deduper_addresses), sort_keys=False))
         for i, address in enumerate(self._deduper_addresses):
@@ -112,7 +117,7 @@ class FerrymanRow(Row):
                 ],
                 f"deduper-{i}.log",
             )
-        for i in range(opts.wrapper_procs):
+        for i in range(wrappers):
             self._spawn(
                 [str(_BIN / "ferryman-wrapper"), "--config", str(path), "--instance-id", f"w{i}"], f"wrapper-{i}.log"
             )
@@ -134,10 +139,27 @@ class FerrymanRow(Row):
     def settings(self) -> Mapping[str, object]:
         """Process counts and the deduper's transaction interval."""
         opts = self.ctx.options
+        wrappers, dedupers = self.procs
         return {
-            "wrapper_procs": opts.wrapper_procs,
-            "deduper_procs": opts.deduper_procs,
+            "wrapper_procs": wrappers,
+            "deduper_procs": dedupers,
             "transaction_interval_ms": opts.ferryman_txn_ms or "service default",
             "staging_compression": opts.compression,
             "staging_partitions": opts.staging_partitions or "service default",
         }
+
+
+class FerrymanOnePairRow(FerrymanRow):
+    """One wrapper and one deduper whatever ``--wrapper-procs`` and ``--deduper-procs`` say.
+
+    The baseline of the scale-out scenario, in the same run: ``--scenario scale-out --rows
+    ferryman,ferryman-one-pair``. A flow of its own (``variant``), like the observed rows.
+    """
+
+    name = "ferryman-one-pair"
+    variant = "-onepair"
+
+    @property
+    def procs(self) -> tuple[int, int]:
+        """One of each."""
+        return 1, 1
