@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from ferryman.config import ClusterConfig
+from ferryman.errors import ConfigError
 from ferryman.kafka_log import LibrdkafkaLog
 
 _log = logging.getLogger(__name__)
@@ -59,21 +60,43 @@ STREAMING_CONSUMER_DEFAULTS: dict[str, Any] = {
     # that queue within milliseconds, so a 1 s pause only starves them: it
     # capped the wrapper at ~160 k records/s here, with the CPU ~60% idle.
     "fetch.queue.backoff.ms": 5,
+    # Prefetch: 16 MiB instead of librdkafka's 64 MiB (the bound is the consumer's, not a partition's). The
+    # services' peak RSS is about four times it (README, "Memory"), and a quarter held the rate: side by side
+    # (2026-11-30, 2-3 rounds each, prefetch and producer queue 16 MiB against 64), 1 M x 100 B at 8 partitions
+    # 397-488 k against 363-433 k rec/s at the same CPU, 1 KB 94 / 49 k against 93 / 51 k, 10 KB 11.1 / 5.9 k
+    # against 10.5 / 5.5 k, 100 KB 923 / 572 against 899 / 682; the pair's peak RSS 350-363 against 450-457 MB,
+    # 313-332 against 586-615, 333-335 against 606-623 and 320-339 against 578-600 MB.
+    "queued.max.messages.kbytes": 16 * 1024,
 }
 
 
-#: Memory bound of both services' data producers (staging, destination). A cluster's ``client_config``
-#: overrides it. librdkafka's default is 1 GiB, and a wrapper whose source reads run ahead of the staging
-#: hop filled it: with 10 KB records the pair peaked at 1.27 GB against the copy loop's 374 MB (issue 29).
-#: 64 MiB is still 0.6 s of data at 100 MB/s (a full queue is waited out: the wrapper polls, the deduper's
-#: direct path hands the row to produce(), which waits), so the rate does not depend on it. With it, a
-#: service's peak RSS is bounded by its configuration (README, "Memory"; tests/integration/test_memory_bound.py).
-PRODUCER_QUEUE_MAX_KBYTES = 64 * 1024
+#: Memory bound of both services' data producers (staging, destination), raised to two of the largest
+#: messages the producer may send. A cluster's ``client_config`` overrides it. librdkafka's default is 1 GiB,
+#: and a wrapper whose source reads run ahead of the staging hop filled it: with 10 KB records the pair
+#: peaked at 1.27 GB against the copy loop's 374 MB (issue 29). 16 MiB (64 until 2026-11-30; the figures are
+#: at ``queued.max.messages.kbytes`` above) is still 0.16 s of data at 100 MB/s: a full queue is waited out
+#: (the wrapper polls, the deduper's direct path hands the row to produce(), which waits) while the broker
+#: acknowledges what is sent, so the rate does not depend on it. With it, a service's peak RSS is bounded by
+#: its configuration (README, "Memory"; tests/integration/test_memory_bound.py).
+PRODUCER_QUEUE_MAX_KBYTES = 16 * 1024
 
 
-def data_producer_config(cluster: ClusterConfig, client_id: str) -> dict[str, Any]:
-    """Properties of a service's data producer: the memory bound, then the cluster's (which may change it)."""
-    return {"queue.buffering.max.kbytes": PRODUCER_QUEUE_MAX_KBYTES, **base_config(cluster, client_id)}
+def data_producer_config(cluster: ClusterConfig, client_id: str, *, max_message_bytes: int) -> dict[str, Any]:
+    """Properties of a service's data producer: the memory bound, then the cluster's (which may change it).
+
+    Raises:
+        ConfigError: the cluster's ``queue.buffering.max.kbytes`` cannot hold one message of
+            ``max_message_bytes``: librdkafka would refuse such a record for ever (the services would wait).
+    """
+    queue_kbytes = max(PRODUCER_QUEUE_MAX_KBYTES, 2 * -(-max_message_bytes // 1024))
+    conf = {"queue.buffering.max.kbytes": queue_kbytes, **base_config(cluster, client_id)}
+    if int(conf["queue.buffering.max.kbytes"]) * 1024 < max_message_bytes:
+        raise ConfigError(
+            f"client_config of {cluster.bootstrap_servers}: queue.buffering.max.kbytes "
+            f"{conf['queue.buffering.max.kbytes']} cannot hold one message of {max_message_bytes:,} bytes "
+            f"(the producer's message.max.bytes); raise it to at least {-(-max_message_bytes // 1024)}"
+        )
+    return conf
 
 
 def streaming_consumer_config(

@@ -16,6 +16,7 @@ from ferryman.client_config import (
     streaming_consumer_config,
 )
 from ferryman.config import ClusterConfig
+from ferryman.errors import ConfigError
 from ferryman.service import tune_gc
 
 
@@ -24,6 +25,7 @@ def test_streaming_consumers_never_idle_on_a_full_prefetch_queue() -> None:
     assert conf["fetch.queue.backoff.ms"] == 5  # librdkafka's 1 s default starved the wrapper
     assert conf["fetch.wait.max.ms"] == 20
     assert conf["fetch.min.bytes"] == 1 << 20  # a paced load no longer wakes every consumer per append
+    assert conf["queued.max.messages.kbytes"] == 16 * 1024  # a quarter of librdkafka's prefetch held the rate
     assert (conf["bootstrap.servers"], conf["client.id"]) == ("k:9092", "w-1-source")
 
 
@@ -38,18 +40,34 @@ def test_a_clusters_client_config_overrides_the_streaming_defaults() -> None:
 
 
 def test_data_producers_are_memory_bound_unless_the_cluster_says_otherwise() -> None:
-    conf = data_producer_config(ClusterConfig(bootstrap_servers="k:9092"), "w-1-staging")
+    eight_mib = 8 << 20
+    conf = data_producer_config(ClusterConfig(bootstrap_servers="k:9092"), "w-1-staging", max_message_bytes=eight_mib)
     # librdkafka's default is 1 GiB: a wrapper reading ahead of the staging hop filled it (issue 29).
-    assert conf["queue.buffering.max.kbytes"] == PRODUCER_QUEUE_MAX_KBYTES == 64 * 1024
+    assert conf["queue.buffering.max.kbytes"] == PRODUCER_QUEUE_MAX_KBYTES == 16 * 1024
     assert (conf["bootstrap.servers"], conf["client.id"]) == ("k:9092", "w-1-staging")
     cluster = ClusterConfig(bootstrap_servers="k:9092", client_config={"queue.buffering.max.kbytes": "262144"})
-    assert data_producer_config(cluster, "d-1-producer")["queue.buffering.max.kbytes"] == "262144"
+    conf = data_producer_config(cluster, "d-1-producer", max_message_bytes=eight_mib)
+    assert conf["queue.buffering.max.kbytes"] == "262144"
+
+
+def test_a_producer_queue_always_holds_two_of_the_largest_messages() -> None:
+    # A record larger than the whole queue would be refused for ever: the bound grows with message.max.bytes.
+    cluster = ClusterConfig(bootstrap_servers="k:9092")
+    conf = data_producer_config(cluster, "d-1-producer", max_message_bytes=(100 << 20) + 1)
+    assert conf["queue.buffering.max.kbytes"] == 2 * (100 * 1024 + 1)
+
+
+def test_a_cluster_queue_too_small_for_one_message_is_refused_naming_the_setting() -> None:
+    cluster = ClusterConfig(bootstrap_servers="k:9092", client_config={"queue.buffering.max.kbytes": "4096"})
+    with pytest.raises(ConfigError, match=r"queue\.buffering\.max\.kbytes 4096 cannot hold one message of 8,388,608"):
+        data_producer_config(cluster, "w-1-staging", max_message_bytes=8 << 20)
 
 
 def test_a_full_bounded_queue_is_a_buffer_error_to_wait_out_not_growth() -> None:
     # What the services rely on: past the bound librdkafka refuses the record (BufferError), which the wrapper
     # waits out with poll() and the deduper's direct path hands to produce(), which does the same.
-    conf = data_producer_config(ClusterConfig(bootstrap_servers="127.0.0.1:1"), "w-1-staging")
+    cluster = ClusterConfig(bootstrap_servers="127.0.0.1:1")
+    conf = data_producer_config(cluster, "w-1-staging", max_message_bytes=1 << 20)
     conf["queue.buffering.max.kbytes"] = 1024  # 1 MiB: the same mechanism at a size a unit test can fill
     producer = Producer(conf)
     value = b"x" * 100_000

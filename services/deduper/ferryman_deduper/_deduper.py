@@ -167,7 +167,9 @@ class Deduper:
         return base_config(self._target, self._client_id(suffix))
 
     def _make_producer(self) -> tuple[Producer, bool]:
-        conf = data_producer_config(self._target, self._client_id("producer"))
+        conf = data_producer_config(
+            self._target, self._client_id("producer"), max_message_bytes=self._dc.max_message_bytes
+        )
         conf.update(
             {
                 "enable.idempotence": True,

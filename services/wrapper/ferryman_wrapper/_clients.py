@@ -125,7 +125,9 @@ class LoopClients:
 
     # ------------------------------------------------------------------ setup
     def _make_producer(self) -> Producer:
-        conf = data_producer_config(self._target, f"{self._wrapper_id}-staging")
+        conf = data_producer_config(
+            self._target, f"{self._wrapper_id}-staging", max_message_bytes=self._wc.staging_max_message_bytes
+        )
         conf.update(
             {
                 # Idempotence keeps envelopes of one staging partition in order
