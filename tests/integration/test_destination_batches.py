@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 from ferryman.config import DeduperConfig, FlowConfig, NamingConfig
 from ferryman.naming import NamingPolicy
-from ferryman.topics import describe_topics
-from ferryman.v1 import state_pb2
+from ferryman.topics import committed_ranges, describe_topics
+from ferryman.v1 import envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub, ControlTicker
 from ferryman_deduper._destinations import DestinationTopicError, DestinationTopics
 from ferryman_deduper._gaps import GapTracker
@@ -201,3 +201,53 @@ def test_a_misfit_topic_among_many_is_refused_before_any_is_created(
         assert f"destination topic src.{odd} partition 1 already holds records (offsets 0..2)" in str(caught.value)
     assert deduper.counted.sent().get("CreateTopics", 0) == before.get("CreateTopics", 0)
     assert describe_topics(deduper.counted.admin, [f"src.{s}" for s in sources if s != odd], _TIMEOUT_S) == {}
+
+
+def test_a_peers_commit_between_the_two_looks_does_not_make_the_flows_records_foreign(
+    destination_cluster: KafkaCluster, unique_name: Callable[[str], str]
+) -> None:
+    # Another deduper of the flow (a rebalance, scale-out) writes a topic this deduper finds at first sight,
+    # and commits just after this deduper read the flow's state, which did not name the topic yet. Its
+    # records are the flow's own. With the state read before the destinations' offsets, the commit
+    # landed between the two looks and the deduper exited with a configuration error ("already holds
+    # records that this flow did not write"; a scale-out run with processes capped at 0.1 core).
+    bootstrap = destination_cluster.bootstrap_servers
+    source = unique_name("peer")
+    create_topic(bootstrap, f"src.{source}", 2)
+    peer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("peer-deduper")})
+    peer.init_transactions(_TIMEOUT_S)
+    peer.begin_transaction()
+    for partition in range(2):
+        peer.produce(f"src.{source}", value=b"copied", partition=partition)
+    assert peer.flush(_TIMEOUT_S) == 0  # written, not committed: the transaction is open
+    looked: list[set[str]] = []
+
+    def flow_wrote(names: Collection[str]) -> set[str]:
+        looked.append(set(names))
+        peer.commit_transaction(_TIMEOUT_S)  # the state (read now) does not name the topic; the commit lands
+        return set()
+
+    topics = DestinationTopics(
+        admin=AdminClient({"bootstrap.servers": bootstrap}),
+        consumer_config={"bootstrap.servers": bootstrap},
+        specs_topic="unused",
+        naming=NamingPolicy("src", NamingConfig()),
+        replicate_configs=True,
+        timeout_s=_TIMEOUT_S,
+        flow_wrote=flow_wrote,
+    )
+    topics.apply_flow(FlowConfig(name="f", source="src", target="dst"))
+    producer = Producer({"bootstrap.servers": bootstrap})
+    topics.producer = producer
+    try:
+        topics.add_specs([_spec(source, 2)])  # raised DestinationTopicError with the state read first
+        assert looked == [{f"src.{source}"}]
+        name = topics.resolve(envelope_pb2.SourcePartition(cluster_id="source-id", topic=source, partition=1))
+        assert name == f"src.{source}"
+        # The premise: the peer's records are committed now, where a look after the state read would see them.
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        committed = {(name, 0): (0, 2), (name, 1): (0, 2)}  # a record and its commit marker in each
+        assert committed_ranges(admin, {name: 2}, _TIMEOUT_S) == committed
+    finally:
+        topics.close()
+        producer.flush(_TIMEOUT_S)

@@ -121,11 +121,19 @@ def _spec(topic: str, partitions: int, **configs: str) -> state_pb2.TopicSpec:
 
 
 def _destinations(
-    admin: _Admin, *, wrote: Collection[str] = (), asked: list[set[str]] | None = None
+    admin: _Admin,
+    *,
+    wrote: Collection[str] = (),
+    asked: list[set[str]] | None = None,
+    asked_after: list[list[str]] | None = None,
 ) -> tuple[DestinationTopics, _Producer]:
+    """asked: the names of each look at the flow's state; asked_after: the admin requests made before each."""
+
     def flow_wrote(names: Collection[str]) -> set[str]:
         if asked is not None:
             asked.append(set(names))
+        if asked_after is not None:
+            asked_after.append(admin.kinds())
         return set(names) & set(wrote)
 
     dest = DestinationTopics(
@@ -230,10 +238,14 @@ def test_existing_topics_are_checked_together_and_the_flows_own_are_grown_togeth
     # src.found: empty and big enough, the flow never wrote it: taken after one offsets pass.
     admin = _Admin(partitions={"src.ours-1": 1, "src.ours-2": 2, "src.found": 3})
     asked: list[set[str]] = []
-    dest, _ = _destinations(admin, wrote={"src.ours-1", "src.ours-2"}, asked=asked)
+    asked_after: list[list[str]] = []
+    dest, _ = _destinations(admin, wrote={"src.ours-1", "src.ours-2"}, asked=asked, asked_after=asked_after)
     dest.add_specs([_spec("ours-1", 4), _spec("ours-2", 4), _spec("found", 3), _spec("new", 2)])
     assert admin.kinds() == ["describe", "offsets", "offsets", "create", "describe", "grow", "describe"]
-    assert admin.requests[1][1] == ["src.found"]  # the flow's own topics need no offsets look
+    assert sorted(admin.requests[1][1]) == ["src.found", "src.ours-1", "src.ours-2"]  # one offsets pass for all
+    # The destinations' offsets are asked before the flow's state is read: another deduper's commit between
+    # the two looks would otherwise show its records without the state that names them (foreign, wrongly).
+    assert asked_after == [["describe", "offsets", "offsets"]]
     assert sorted(admin.requests[5][1]) == ["src.ours-1", "src.ours-2"]
     assert asked == [{"src.ours-1", "src.ours-2", "src.found"}]
     assert admin.partitions["src.ours-1"] == admin.partitions["src.ours-2"] == 4

@@ -245,12 +245,16 @@ class Deduper:
 
         Asked for destination topics that exist at first sight: the state topic is read once, and again
         when some of them are not named yet (another deduper may have written them since), so the flow's
-        topics are told apart from someone else's with at most one read per batch of topics.
+        topics are told apart from someone else's with at most one read per batch of topics. The read
+        waits for the transactions open on the state topic to end (``settle``): one whose records the
+        caller has just seen in a destination may not have written its marker here yet.
         """
         wanted = set(destinations)
         if not wanted <= self._written_destinations:
             parts = list(range(self._flow.staging_partitions))
-            records = read_compacted(self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S)
+            records = read_compacted(
+                self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S, settle=True
+            )
             for recs in records.values():
                 for value in recs.values():
                     if value:

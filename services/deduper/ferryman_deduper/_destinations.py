@@ -96,7 +96,8 @@ class DestinationTopics:
         """Create the resolver.
 
         flow_wrote tells which of some destination topics the flow's committed state names (the flow
-        wrote them before): only such a topic is grown when found too small at first sight.
+        wrote them before): only such a topic is grown when found too small at first sight. It must
+        read the state once every transaction begun before the call has ended there (``settled_ends``).
         """
         self._admin = admin
         self._consumer_config = consumer_config
@@ -319,9 +320,16 @@ class DestinationTopics:
     def _check_existing(self, found: Sequence[tuple[str, int, state_pb2.TopicSpec]]) -> None:
         """Destination topics that exist at first sight must be the flow's, or empty and big enough.
 
-        found holds each topic's name, partition count and source spec. One read of the flow's state
-        tells which the flow wrote; one pass of ListOffsets requests finds the partitions of the others
-        that hold anything; only those are read.
+        found holds each topic's name, partition count and source spec. One pass of ListOffsets
+        requests finds the partitions that hold anything; one read of the flow's state tells which
+        topics the flow wrote; only the others' non-empty partitions are read.
+
+        The destinations are asked first and the state after, never the other way round: another
+        deduper of the flow (a rebalance, scale-out) may commit a transaction into one of these topics
+        at any moment, and its records and its state become visible together only to a reader that
+        reads the records first and the state once it has settled (``flow_wrote``). State first, a
+        commit between the two reads made the flow's own records look foreign: a deduper exited with
+        a configuration error in a scale-out run (2026-11-30).
 
         Raises:
             DestinationTopicError: the flow never wrote one, and it has fewer partitions than the
@@ -329,17 +337,16 @@ class DestinationTopics:
         """
         if not found:
             return
-        ours = self._flow_wrote({name for name, _, _ in found})  # grown by the caller if the source grew since
-        theirs = [(name, partitions, spec) for name, partitions, spec in found if name not in ours]
-        for name, partitions, spec in theirs:
-            if partitions < spec.partitions:
-                self._too_small(name, partitions, spec)
-        source_of = {name: spec.topic for name, _, spec in theirs}
         ranges = topics.committed_ranges(
-            self._admin, {name: partitions for name, partitions, _ in theirs}, self._timeout_s
+            self._admin, {name: partitions for name, partitions, _ in found}, self._timeout_s
         )
+        ours = self._flow_wrote({name for name, _, _ in found})  # grown by the caller if the source grew since
+        source_of = {name: spec.topic for name, _, spec in found if name not in ours}
+        for name, partitions, spec in found:
+            if name in source_of and partitions < spec.partitions:
+                self._too_small(name, partitions, spec)
         for (name, partition), (low, high) in sorted(ranges.items()):
-            if high > low:
+            if name in source_of and high > low:
                 self._check_unwritten(name, partition, low, high, source_of[name])
 
     @staticmethod
