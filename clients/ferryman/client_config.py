@@ -88,13 +88,14 @@ def data_producer_config(cluster: ClusterConfig, client_id: str, *, max_message_
         ConfigError: the cluster's ``queue.buffering.max.kbytes`` cannot hold one message of
             ``max_message_bytes``: librdkafka would refuse such a record for ever (the services would wait).
     """
-    queue_kbytes = max(PRODUCER_QUEUE_MAX_KBYTES, 2 * -(-max_message_bytes // 1024))
-    conf = {"queue.buffering.max.kbytes": queue_kbytes, **base_config(cluster, client_id)}
-    if int(conf["queue.buffering.max.kbytes"]) * 1024 < max_message_bytes:
+    message_kbytes = -(-max_message_bytes // 1024)  # rounded up
+    conf = {"queue.buffering.max.kbytes": max(PRODUCER_QUEUE_MAX_KBYTES, 2 * message_kbytes)}
+    conf.update(base_config(cluster, client_id))
+    if int(conf["queue.buffering.max.kbytes"]) < message_kbytes:
         raise ConfigError(
             f"client_config of {cluster.bootstrap_servers}: queue.buffering.max.kbytes "
             f"{conf['queue.buffering.max.kbytes']} cannot hold one message of {max_message_bytes:,} bytes "
-            f"(the producer's message.max.bytes); raise it to at least {-(-max_message_bytes // 1024)}"
+            f"(the producer's message.max.bytes); raise it to at least {message_kbytes}"
         )
     return conf
 
