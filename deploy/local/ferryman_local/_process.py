@@ -8,47 +8,43 @@ Three layers, because each covers a different way of dying:
 * an ``atexit`` hook SIGKILLs whatever is still registered when Python exits
   normally (or through an unhandled exception);
 * on Linux the child asks the kernel for SIGKILL when its parent dies
-  (``PR_SET_PDEATHSIG``), which covers SIGKILL of the Python process itself.
-  The kernel ties that signal to the *thread* that forked, so all children are
-  forked from one long-lived daemon thread, never from short-lived workers
-  such as ``start_clusters``'s pool.
+  (``PR_SET_PDEATHSIG``, set by ``setpriv --pdeathsig`` before it execs the
+  child), which covers SIGKILL of the Python process itself. The kernel ties
+  that signal to the *thread* that forked, so all children are forked from one
+  long-lived daemon thread, never from short-lived workers such as
+  ``start_clusters``'s pool.
+
+Not a ``preexec_fn``: with one, CPython runs Python code in the forked child
+before exec (its after-fork hooks clear other threads' thread-locals, whose
+``__del__`` may take a lock another thread held at the fork). A CI run hung
+20 minutes that way: py4j's connection ``__del__`` logged from the child of a
+broker launch in the process that also ran Spark, and waited for ever on a
+logging lock.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
-
-def die_with_parent_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has Linux kill the child when this process dies (None elsewhere)."""
+def die_with_parent_prefix() -> list[str]:
+    """The command prefix that has Linux kill the child when this thread's process dies ([] where unavailable)."""
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+        return []
+    setpriv = shutil.which("setpriv")  # util-linux
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 _Request = tuple[list[str], Path, IO[bytes], "dict[str, str] | None", "Future[subprocess.Popen[bytes]]"]
@@ -59,7 +55,7 @@ class _Launcher:
 
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        self._preexec = die_with_parent_preexec()
+        self._prefix = die_with_parent_prefix()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -79,14 +75,13 @@ class _Launcher:
             cmd, cwd, output, env, done = self._requests.get()
             try:
                 proc = subprocess.Popen(
-                    cmd,
+                    [*self._prefix, *cmd],
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=self._preexec,  # noqa: PLW1509 -- only prctl(2), see the module docstring
                 )
             except BaseException as exc:
                 done.set_exception(exc)
