@@ -27,13 +27,24 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run a deliberately broken deduper (tests/helpers/break_deduper): the verdict must be FAILED",
     )
+    parser.add_argument(
+        "--cpu-per-process",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="cap each service process at CORES (a cgroup each, needs root): slow services widen race windows",
+    )
     args = parser.parse_args(argv)
     profile = LONG if args.long else CI
     seed = args.seed if args.seed is not None else int(time.time())
     out = args.out or Path(tempfile.mkdtemp(prefix=f"ferryman-chaos-{seed}-"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run = ChaosRun(
-        seed, profile, out, service_env=broken_deduper_env(args.break_deduper) if args.break_deduper else None
+        seed,
+        profile,
+        out,
+        service_env=broken_deduper_env(args.break_deduper) if args.break_deduper else None,
+        cpu_per_process=args.cpu_per_process,
     )
     if args.faults is not None:
         run.schedule = run.schedule[: args.faults]

@@ -30,6 +30,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewPartitions
 from ferryman_local import MultiNodeCluster, Toxiproxy, reserve_port
 
+from bench.cpucap import CpuCaps
 from tests.chaos.checker import TopicResult, check_topic
 from tests.chaos.load import Load
 from tests.chaos.progress import Progress, Sample
@@ -103,12 +104,16 @@ class ChaosRun:
         *,
         source_nodes: int = 1,
         service_env: dict[str, str] | None = None,
+        cpu_per_process: float | None = None,
     ) -> None:
         self.seed = seed
         self.profile = profile
         self.work_dir = work_dir
         self.source_nodes = source_nodes
         self.service_env = service_env or {}
+        self.caps = None if cpu_per_process is None else CpuCaps(cpu_per_process, f"chaos{seed}")
+        """Each service process (and each restart) in a cgroup capped at that many cores: slow processes
+        widen the windows between a service's steps, where races hide (see ``bench.cpucap``)."""
         self.schedule = build_schedule(seed, profile, source_nodes=source_nodes)
         self.topics = {r: f"chaos{seed}-{r}" for r in ROLES}
         self.partitions = dict(PARTITIONS)
@@ -147,6 +152,8 @@ class ChaosRun:
             self.toxiproxy.stop()
             self.source.kill_all()
             self.destination.kill_all()
+            if self.caps is not None:
+                self.caps.release()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -206,7 +213,9 @@ class ChaosRun:
         logs.mkdir(exist_ok=True)
         for name, path in self._configs().items():
             kind = name.split("-")[0]
-            services.procs[name] = ServiceProcess(kind, path, logs, env=self.service_env).start()
+            services.procs[name] = ServiceProcess(
+                kind, path, logs, env=self.service_env, on_start=None if self.caps is None else self.caps.confine
+            ).start()
         self.progress = Progress(self.destination.bootstrap_servers)
         for role, topic in self.topics.items():
             self.progress.track(f"src.{topic}", self.partitions[role])

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,6 +85,8 @@ class ServiceProcess:
     log_dir: Path
     args: Sequence[str] = ()
     env: Mapping[str, str] | None = None
+    on_start: Callable[[int], None] | None = None
+    """Called with each new process's pid (e.g. ``bench.cpucap.CpuCaps.confine``)."""
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     logs: list[Path] = field(default_factory=list)
@@ -106,6 +108,8 @@ class ServiceProcess:
                 env=env,
                 start_new_session=True,
             )
+        if self.on_start is not None:
+            self.on_start(self.proc.pid)
         return self
 
     def _config_args(self) -> list[str]:
