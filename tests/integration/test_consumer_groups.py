@@ -9,6 +9,7 @@ in chaos runs (a wrapper whose hand-over commit hung; a deduper SIGTERMed right 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import threading
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.group_close import JoinTracker, close_group_consumer
 from ferryman_wrapper._clients import ORPHANED_REBUILD_S
@@ -85,6 +86,98 @@ def test_a_consumer_given_up_mid_rebalance_leaves_no_partition_without_an_owner(
             assert running.wrapper.alive and second.alive
         finally:
             second.stop()
+
+
+def test_a_revoke_hands_partitions_over_without_waiting_out_the_watchdog(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """A second wrapper joins under load: the first one revokes half its partitions and commits their
+    acknowledged prefix from the rebalance callback. Its commit used to run on the watchdog's thread, which
+    confluent-kafka-python 2.16 makes wait for the callback's ``consume()`` to return: every revoke stalled
+    13 s, then the consumer was given up (``test_a_commit_from_another_thread_waits_for_the_rebalance_callback``
+    pins the library's side)."""
+    topic = unique_name("handover")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    flow = unique_name("flow")
+    per_partition = 2000
+    load = SequenceProducer(
+        source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=400
+    )
+    src_bootstrap = source_cluster.bootstrap_servers
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=flow,
+        topics=[topic],
+        wrapper={"instance_id": f"{flow}-w1"},
+    ) as running:
+        load.start()
+        running.wrapper.wait_for_log("is new to the flow", 60)
+        time.sleep(2)  # records acknowledged past the last periodic commit: the revoke has something to commit
+        second = ServiceProcess("wrapper", running.config, tmp_path, args=["--instance-id", f"{flow}-w2"]).start()
+        try:
+
+            def both_own_partitions() -> bool:
+                state, owners = _group_owners(src_bootstrap, f"ferryman-wrapper.{flow}")
+                return state == ConsumerGroupState.STABLE and len([o for o in owners.values() if o]) == 2
+
+            wait_until(both_own_partitions, 90, 0.5, message="both wrappers own partitions")
+            load.join(60)
+            assert load.error is None
+            total = PARTITIONS * per_partition
+            src = read_all(src_bootstrap, topic, expected=total, timeout_s=30)
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=total, timeout_s=90)
+            assert_exact_copy(src, dst)
+            out = running.wrapper.output()
+            assert "did not return" not in out, out[-4000:]
+            assert "replacing the source consumer" not in out, out[-4000:]
+            assert running.wrapper.alive and second.alive
+        finally:
+            second.stop()
+
+
+def test_a_commit_from_another_thread_waits_for_the_rebalance_callback(
+    source_cluster: KafkaCluster, unique_name: Callable[[str], str]
+) -> None:
+    """The library behaviour behind ``SourceCommits.hand_over``: confluent-kafka-python (2.16) serialises
+    calls on one consumer across threads, so while the consumer's thread is inside a rebalance callback (in
+    ``consume()``), a commit from another thread waits for the callback to return."""
+    bootstrap = source_cluster.bootstrap_servers
+    topic = unique_name("gate")
+    create_topic(bootstrap, topic, 2)
+    produce_sequences(bootstrap, topic, 2, 10)
+    consumer = Consumer(static_member_config(bootstrap, unique_name("group"), "m1", **{"enable.auto.commit": False}))
+    seen: dict[str, bool] = {}
+
+    def on_revoke(c: Consumer, partitions: list[TopicPartition]) -> None:
+        offsets = [TopicPartition(tp.topic, tp.partition, 5) for tp in partitions]
+
+        def commit() -> None:
+            with contextlib.suppress(KafkaException):  # refused once the member has left: returning is the point
+                c.commit(offsets=offsets, asynchronous=False)
+
+        other = threading.Thread(target=commit, daemon=True)
+        other.start()
+        other.join(3)
+        seen["waited"] = other.is_alive()  # still waiting while this callback runs
+        seen["thread"] = True
+        _threads.append(other)
+
+    _threads: list[threading.Thread] = []
+    try:
+        consumer.subscribe([topic], on_revoke=on_revoke)
+        wait_until(lambda: (consumer.consume(10, 0.2), len(consumer.assignment()) == 2)[1], 60, message="assigned")
+        consumer.unsubscribe()
+        wait_until(lambda: (consumer.consume(10, 0.2), "thread" in seen)[1], 30, message="revoked")
+        assert seen["waited"], "the other thread's commit returned while the callback ran"
+        _threads[0].join(30)
+        assert not _threads[0].is_alive(), "the other thread's commit never returned after the callback"
+    finally:
+        consumer.close()
 
 
 def test_a_consumer_left_out_of_its_group_after_a_session_timeout_is_replaced_once_the_source_answers(

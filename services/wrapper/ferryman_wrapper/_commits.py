@@ -28,7 +28,7 @@ from ferryman_wrapper._progress import ProgressTracker
 
 _log = logging.getLogger(__name__)
 
-#: Budget of a synchronous commit (shutdown, rewind, revoke) including retries.
+#: Budget of a synchronous commit (shutdown, rewind) including retries.
 SYNC_COMMIT_BUDGET_S = 30.0
 #: librdkafka has no timeout for a synchronous commit; the watchdog's deadline
 #: for one attempt (a commit round trip takes milliseconds; a coordinator
@@ -71,27 +71,18 @@ class SourceCommits:
     def commit(self, keys: list[PartitionKey] | None = None, *, synchronous: bool = True) -> None:
         """Commit the acknowledged prefix of each partition (of ``keys``, or all).
 
-        Synchronous (shutdown, rewind, revoke: the next reader must find it):
-        retriable errors are retried within SYNC_COMMIT_BUDGET_S. The periodic
-        commit is asynchronous: the loop does not wait for the round trip (7-28
-        ms at 250 k rec/s here, every record behind it delayed by as much); its
+        Synchronous (shutdown, rewind: the next reader must find it): retriable
+        errors are retried within SYNC_COMMIT_BUDGET_S. The periodic commit is
+        asynchronous: the loop does not wait for the round trip (7-28 ms at
+        250 k rec/s here, every record behind it delayed by as much); its
         outcome arrives in ``on_commit``, and a failed one is covered by the next.
         Neither raises for a failed commit: the next owner re-sends from the last one.
+        Never from a rebalance callback (``hand_over``).
         """
-        positions = self._tracker.commit_positions(keys)
-        if not positions:
-            if keys is None:
-                self._passed()  # everything acknowledged is committed
+        found = self._offsets(keys)
+        if found is None:
             return
-        # The topic id rides along as commit metadata: after a source topic is
-        # deleted and re-created, old offsets are recognised as meaningless.
-        offsets = [
-            TopicPartition(k.topic, k.partition, nxt, metadata=self._sources[k].topic_id.hex())
-            for k, nxt in positions.items()
-            if k in self._sources
-        ]
-        if not offsets:
-            return  # librdkafka refuses an empty commit (_NO_OFFSET)
+        positions, offsets = found
         consumer = self._consumer()
         if not synchronous:
             now = time.monotonic()
@@ -128,6 +119,44 @@ class SourceCommits:
             return
         self._tracker.mark_committed(positions)
         self._passed()
+
+    def _offsets(self, keys: list[PartitionKey] | None) -> tuple[dict[PartitionKey, int], list[TopicPartition]] | None:
+        """The acknowledged positions of keys (or all) and their commit offsets; None when there is nothing new."""
+        positions = self._tracker.commit_positions(keys)
+        if not positions:
+            if keys is None:
+                self._passed()  # everything acknowledged is committed
+            return None
+        # The topic id rides along as commit metadata: after a source topic is
+        # deleted and re-created, old offsets are recognised as meaningless.
+        offsets = [
+            TopicPartition(k.topic, k.partition, nxt, metadata=self._sources[k].topic_id.hex())
+            for k, nxt in positions.items()
+            if k in self._sources
+        ]
+        if not offsets:
+            return None  # librdkafka refuses an empty commit (_NO_OFFSET)
+        return positions, offsets
+
+    def hand_over(self, keys: list[PartitionKey]) -> None:
+        """Commit the acknowledged prefix of partitions being revoked (in the rebalance callback), without waiting.
+
+        The callback runs inside the loop's ``consume()``, and confluent-kafka-python (2.16) serialises
+        calls on one consumer across threads: a commit on the watchdog's worker thread waited for
+        ``consume()`` to return, which waited for the commit, so every revoke stalled the whole deadline
+        (13 s) and cost the consumer (Pitfalls). A commit from the callback's own thread is admitted.
+        It is asynchronous so that nothing here can wedge: librdkafka completes every commit in progress
+        before the incremental unassign is done and the member rejoins, so the partitions' next owner
+        starts from it. Its outcome arrives in ``on_commit``; if it fails, the next owner re-sends from
+        the last commit, and the deduper drops what it already wrote.
+        """
+        found = self._offsets(keys)
+        if found is None:
+            return
+        try:
+            self._consumer().commit(offsets=found[1], asynchronous=True)
+        except KafkaException as exc:  # refused before it was sent
+            self.failed(exc, "committing source offsets of revoked partitions")
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Outcome of an asynchronous commit (consumer callback, on the loop thread)."""

@@ -464,4 +464,4 @@ class Wrapper:
     def _hand_over(self, keys: list[PartitionKey]) -> None:
         """Before partitions leave (revoke): everything sent acknowledged and committed, so nothing is re-sent."""
         self._clients.producer.flush(self._wc.shutdown_timeout_s)
-        self._commits.commit(keys)
+        self._commits.hand_over(keys)

@@ -8,9 +8,9 @@ marker file:
   transactional call of that name (``Transaction.call``);
 * ``source-commit``: the wrapper's periodic source offset commit;
 * ``revoke-commit-wedged``: the wrapper's first hand-over commit of revoked
-  partitions (in the rebalance callback); once released it counts as one that never
-  returned (as if the watchdog had abandoned it), and the wrapper gives its
-  consumer up.
+  partitions (in the rebalance callback); once released it is not made and the
+  wrapper gives its consumer up, as after a commit that never returned: a
+  consumer given up halfway through a cooperative rebalance.
 * ``consumer-left-out``: once the wrapper has sent ``FERRYMAN_TEST_HOLD_AFTER`` records,
   its source consumer's session-timeout hook fires (as librdkafka's ``SESSTMOUT`` line
   makes it) and the consumer reads nothing more and is assigned nothing (its partitions
@@ -83,17 +83,22 @@ elif _CALL in ("source-commit", "revoke-commit-wedged"):
     from ferryman_wrapper import _commits
 
     _real_commit = _commits.SourceCommits.commit
+    _real_hand_over = _commits.SourceCommits.hand_over
     _revokes = itertools.count(1)
 
     def _held_commit(self: _commits.SourceCommits, keys: Any = None, *, synchronous: bool = True) -> None:
         if _CALL == "source-commit" and not synchronous and _due():
             _hold()
-        elif _CALL == "revoke-commit-wedged" and synchronous and keys is not None and next(_revokes) == 1:
+        _real_commit(self, keys, synchronous=synchronous)
+
+    def _held_hand_over(self: _commits.SourceCommits, keys: Any) -> None:
+        if _CALL == "revoke-commit-wedged" and next(_revokes) == 1:
             _hold()
             self.wedged = True
             return
-        _real_commit(self, keys, synchronous=synchronous)
+        _real_hand_over(self, keys)
 
+    _commits.SourceCommits.hand_over = _held_hand_over  # type: ignore[method-assign]
     _commits.SourceCommits.commit = _held_commit  # type: ignore[method-assign]
 else:
     from ferryman_deduper import _transaction
