@@ -140,6 +140,55 @@ def test_a_revoke_hands_partitions_over_without_waiting_out_the_watchdog(
             second.stop()
 
 
+def test_a_deduper_without_transactions_commits_staging_offsets_on_revoke_without_stalling(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """``exactly_once: false``: a deduper revoking staging partitions commits their offsets from the rebalance
+    callback; on the watchdog's thread that commit waited for the callback (as the wrapper's hand-over did),
+    so every revoke with an open transaction stalled the deadline and wedged the producer."""
+    topic = unique_name("eos-off")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    flow = unique_name("flow")
+    per_partition = 2000
+    load = SequenceProducer(
+        source_cluster.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=400
+    )
+    dst = destination_cluster.bootstrap_servers
+    with running_flow(
+        source_cluster,
+        destination_cluster,
+        tmp_path,
+        flow=flow,
+        topics=[topic],
+        extra_flow={"exactly_once": False, "staging_partitions": PARTITIONS},
+    ) as running:
+        load.start()
+        running.deduper.wait_for_log("restoring their state", 60)
+        time.sleep(3)  # replicating: a transaction is open at the revoke
+        second = ServiceProcess("deduper", running.config, tmp_path, args=["--instance-id", "d2"]).start()
+        try:
+
+            def both_own_partitions() -> bool:
+                state, owners = _group_owners(dst, f"ferryman-deduper.{flow}")
+                return state == ConsumerGroupState.STABLE and len([o for o in owners.values() if o]) == 2
+
+            wait_until(both_own_partitions, 90, 0.5, message="both dedupers own staging partitions")
+            load.join(60)
+            assert load.error is None
+            total = PARTITIONS * per_partition
+            src = read_all(source_cluster.bootstrap_servers, topic, expected=total, timeout_s=30)
+            copied = read_all(dst, f"src.{topic}", expected=total, timeout_s=90)
+            assert_exact_copy(src, copied)
+            out = running.deduper.output()
+            assert "did not return" not in out, out[-4000:]
+            assert running.deduper.alive and second.alive
+        finally:
+            second.stop()
+
+
 def test_a_commit_from_another_thread_waits_for_the_rebalance_callback(
     source_cluster: KafkaCluster, unique_name: Callable[[str], str]
 ) -> None:

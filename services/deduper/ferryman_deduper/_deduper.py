@@ -627,8 +627,11 @@ class Deduper:
         self._commit("budget")
         self._last_commit_s = time.monotonic() - started
 
-    def _commit(self, reason: str) -> bool:
-        """Commit the open transaction; a failure goes to recovery (the loop's, with backoff)."""
+    def _commit(self, reason: str, *, in_callback: bool = False) -> bool:
+        """Commit the open transaction; a failure goes to recovery (the loop's, with backoff).
+
+        in_callback: from the staging consumer's rebalance callback (``Transaction.commit``).
+        """
         if not self._txn.open:
             return True
         started_ns, records = time.time_ns(), self._txn.records
@@ -640,6 +643,7 @@ class Deduper:
                 commit_consumer_offsets=lambda offsets: self._parts.consumer.commit(
                     offsets=offsets, asynchronous=False
                 ),
+                in_callback=in_callback,
             )
         except FencedError:
             raise
@@ -667,7 +671,7 @@ class Deduper:
             # Our generation is gone: the offsets commit would be refused.
             self._recovery = (_generation_lost("staging partitions lost"), "lost partitions")
         else:
-            self._commit("revoke")
+            self._commit("revoke", in_callback=True)
 
     # ---------------------------------------------------------- status, close
     def _staging_lag(self) -> int:

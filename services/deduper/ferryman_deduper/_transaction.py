@@ -288,6 +288,7 @@ class Transaction:
         group_metadata: Callable[[], object],
         write_state: Callable[[], None],
         commit_consumer_offsets: Callable[[list[TopicPartition]], object],
+        in_callback: bool = False,
     ) -> dict[PartitionKey, PartitionState]:
         """Commit: records, then write_state() (watermarks, offset map), staging offsets, EndTxn.
 
@@ -296,6 +297,9 @@ class Transaction:
             group_metadata: the staging consumer's group metadata (exactly-once: sent with the offsets).
             write_state: produces the state and offset-map records of the transaction.
             commit_consumer_offsets: at-least-once: commits the staging offsets on the consumer.
+            in_callback: called from the consumer's rebalance callback (inside its ``consume()``): the
+                staging offsets are committed on this thread. confluent-kafka-python (2.16) makes a call
+                on the consumer from another thread, the watchdog's, wait for the callback to return.
 
         Returns:
             The states the transaction committed.
@@ -327,9 +331,12 @@ class Transaction:
         else:
             self._flush_delivered()  # the watermarks and the offset map
             if offsets:
+                what = "committing staging offsets"
                 retry_retriable(
-                    lambda: self.call(lambda: commit_consumer_offsets(offsets), "committing staging offsets"),
-                    what="committing staging offsets",
+                    (lambda: commit_consumer_offsets(offsets))
+                    if in_callback
+                    else lambda: self.call(lambda: commit_consumer_offsets(offsets), what),
+                    what=what,
                     budget_s=budget,
                 )
         self.latency.observe(self.timestamps, time.time_ns() // 1_000_000)

@@ -35,6 +35,7 @@ if _BREAK and os.path.basename(sys.argv[0]) == "ferryman-deduper":
         group_metadata: Callable[[], object],
         write_state: Callable[[], None],
         commit_consumer_offsets: Callable[[list[TopicPartition]], object],
+        in_callback: bool = False,
     ) -> Any:
         if _BREAK == "state-outside-transaction":
             write_state = lambda: None  # noqa: E731  # the breakage: no state in the transaction
@@ -48,6 +49,7 @@ if _BREAK and os.path.basename(sys.argv[0]) == "ferryman-deduper":
             group_metadata=group_metadata,
             write_state=write_state,
             commit_consumer_offsets=commit_consumer_offsets,
+            in_callback=in_callback,
         )
 
     _transaction.Transaction.commit = _broken_commit  # type: ignore[method-assign]
