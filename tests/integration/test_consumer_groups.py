@@ -118,26 +118,15 @@ def test_a_revoke_hands_partitions_over_without_waiting_out_the_watchdog(
         load.start()
         running.wrapper.wait_for_log("is new to the flow", 60)
         time.sleep(2)  # records acknowledged past the last periodic commit: the revoke has something to commit
-        second = ServiceProcess("wrapper", running.config, tmp_path, args=["--instance-id", f"{flow}-w2"]).start()
-        try:
-
-            def both_own_partitions() -> bool:
-                state, owners = _group_owners(src_bootstrap, f"ferryman-wrapper.{flow}")
-                return state == ConsumerGroupState.STABLE and len([o for o in owners.values() if o]) == 2
-
-            wait_until(both_own_partitions, 90, 0.5, message="both wrappers own partitions")
-            load.join(60)
-            assert load.error is None
-            total = PARTITIONS * per_partition
-            src = read_all(src_bootstrap, topic, expected=total, timeout_s=30)
-            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=total, timeout_s=90)
-            assert_exact_copy(src, dst)
-            out = running.wrapper.output()
-            assert "did not return" not in out, out[-4000:]
-            assert "replacing the source consumer" not in out, out[-4000:]
-            assert running.wrapper.alive and second.alive
-        finally:
-            second.stop()
+        out = _second_member_joins(
+            running.wrapper,
+            ServiceProcess("wrapper", running.config, tmp_path, args=["--instance-id", f"{flow}-w2"]),
+            group=(src_bootstrap, f"ferryman-wrapper.{flow}"),
+            load=load,
+            copy=(source_cluster, destination_cluster, topic, PARTITIONS * per_partition),
+        )
+        assert "did not return" not in out, out[-4000:]
+        assert "replacing the source consumer" not in out, out[-4000:]
 
 
 def test_a_deduper_without_transactions_commits_staging_offsets_on_revoke_without_stalling(
@@ -168,25 +157,43 @@ def test_a_deduper_without_transactions_commits_staging_offsets_on_revoke_withou
         load.start()
         running.deduper.wait_for_log("restoring their state", 60)
         time.sleep(3)  # replicating: a transaction is open at the revoke
-        second = ServiceProcess("deduper", running.config, tmp_path, args=["--instance-id", "d2"]).start()
-        try:
+        out = _second_member_joins(
+            running.deduper,
+            ServiceProcess("deduper", running.config, tmp_path, args=["--instance-id", "d2"]),
+            group=(dst, f"ferryman-deduper.{flow}"),
+            load=load,
+            copy=(source_cluster, destination_cluster, topic, PARTITIONS * per_partition),
+        )
+        assert "did not return" not in out, out[-4000:]
 
-            def both_own_partitions() -> bool:
-                state, owners = _group_owners(dst, f"ferryman-deduper.{flow}")
-                return state == ConsumerGroupState.STABLE and len([o for o in owners.values() if o]) == 2
 
-            wait_until(both_own_partitions, 90, 0.5, message="both dedupers own staging partitions")
-            load.join(60)
-            assert load.error is None
-            total = PARTITIONS * per_partition
-            src = read_all(source_cluster.bootstrap_servers, topic, expected=total, timeout_s=30)
-            copied = read_all(dst, f"src.{topic}", expected=total, timeout_s=90)
-            assert_exact_copy(src, copied)
-            out = running.deduper.output()
-            assert "did not return" not in out, out[-4000:]
-            assert running.deduper.alive and second.alive
-        finally:
-            second.stop()
+def _second_member_joins(
+    first: ServiceProcess,
+    second: ServiceProcess,
+    *,
+    group: tuple[str, str],
+    load: SequenceProducer,
+    copy: tuple[KafkaCluster, KafkaCluster, str, int],
+) -> str:
+    """Start second beside first (same flow, load running); once both own partitions of group (bootstrap,
+    id) and the load is done, check the copy is exact and both still run. Returns first's output."""
+    second.start()
+    try:
+
+        def both_own_partitions() -> bool:
+            state, owners = _group_owners(*group)
+            return state == ConsumerGroupState.STABLE and len([o for o in owners.values() if o]) == 2
+
+        wait_until(both_own_partitions, 90, 0.5, message="both members own partitions")
+        load.join(60)
+        assert load.error is None
+        source, destination, topic, total = copy
+        src = read_all(source.bootstrap_servers, topic, expected=total, timeout_s=30)
+        assert_exact_copy(src, read_all(destination.bootstrap_servers, f"src.{topic}", expected=total, timeout_s=90))
+        assert first.alive and second.alive
+        return first.output()
+    finally:
+        second.stop()
 
 
 def test_a_commit_from_another_thread_waits_for_the_rebalance_callback(
