@@ -116,8 +116,8 @@ def test_a_revoke_hands_partitions_over_without_waiting_out_the_watchdog(
         wrapper={"instance_id": f"{flow}-w1"},
     ) as running:
         load.start()
-        running.wrapper.wait_for_log("is new to the flow", 60)
-        time.sleep(2)  # records acknowledged past the last periodic commit: the revoke has something to commit
+        # Replicating, records acknowledged past the last periodic commit: the revoke has something to commit.
+        wait_until(lambda: _copied(destination_cluster.bootstrap_servers, f"src.{topic}") >= 800, 60, 0.5)
         out = _second_member_joins(
             running.wrapper,
             ServiceProcess("wrapper", running.config, tmp_path, args=["--instance-id", f"{flow}-w2"]),
@@ -155,8 +155,7 @@ def test_a_deduper_without_transactions_commits_staging_offsets_on_revoke_withou
         extra_flow={"exactly_once": False, "staging_partitions": PARTITIONS},
     ) as running:
         load.start()
-        running.deduper.wait_for_log("restoring their state", 60)
-        time.sleep(3)  # replicating: a transaction is open at the revoke
+        wait_until(lambda: _copied(dst, f"src.{topic}") >= 800, 60, 0.5)  # replicating: a transaction is open
         out = _second_member_joins(
             running.deduper,
             ServiceProcess("deduper", running.config, tmp_path, args=["--instance-id", "d2"]),
@@ -165,6 +164,18 @@ def test_a_deduper_without_transactions_commits_staging_offsets_on_revoke_withou
             copy=(source_cluster, destination_cluster, topic, PARTITIONS * per_partition),
         )
         assert "did not return" not in out, out[-4000:]
+
+
+def _copied(bootstrap: str, topic: str) -> int:
+    """Records in topic so far (its partitions' high watermarks summed; 0 before it exists)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "copied-probe"})
+    try:
+        found = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if found is None or found.error is not None:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in found.partitions)
+    finally:
+        consumer.close()
 
 
 def _second_member_joins(
