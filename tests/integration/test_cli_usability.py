@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
@@ -71,6 +72,29 @@ def test_help_on_every_command() -> None:
         assert process.returncode == 0, (path, err)
         assert " ".join(("Usage: ferryman", *path)) in out, (path, out)
         assert err == "" and "Traceback" not in out
+
+
+def test_help_on_every_console_script() -> None:
+    """Every program the package installs answers ``--help`` with its usage (``ferryman-demo --help`` once
+    crashed on a percent sign in an option's help, which argparse formats)."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    scripts = sorted(pyproject["project"]["scripts"])
+    assert {"ferryman", "ferryman-wrapper", "ferryman-deduper", "ferryman-demo"} <= set(scripts)
+    running = {
+        name: subprocess.Popen(
+            [str(FERRYMAN.parent / name), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env({"COLUMNS": "120"}),
+        )
+        for name in scripts
+    }
+    for name, process in running.items():
+        out, err = process.communicate(timeout=COMMAND_TIMEOUT_S)
+        assert process.returncode == 0, (name, err)
+        assert "usage:" in out.lower() and name in out, (name, out)
+        assert "Traceback" not in out + err, (name, err)
 
 
 def _complete(words: str) -> list[str]:

@@ -385,8 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--observe",
         action="store_true",
-        help=f"start Prometheus (scraping both services) and Zipkin ({TRACE_RATIO:.0%} of records traced) beside the "
-        "demo; print their URLs",
+        # argparse %-formats help texts: the ratio's percent sign is doubled.
+        help=f"start Prometheus (scraping both services) and Zipkin ({TRACE_RATIO * 100:g}%% of records traced) "
+        "beside the demo; print their URLs",
     )
     args = parser.parse_args(argv)
     return 0 if run(args.dir, args.records, args.rate, observe=args.observe) else 1
