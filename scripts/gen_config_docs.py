@@ -40,9 +40,10 @@ HEADER = """# Configuration reference
 
 Generated from `clients/ferryman/config.py` by `python scripts/gen_config_docs.py` (CI fails when it is out of
 date): edit the models' docstrings, not this file. One YAML file (`--config` or `FERRYMAN_CONFIG`) holds these
-sections; any field of `wrapper`, `deduper`, `auditor`, `tracing` and `rpc` (and of a cluster, by its alias) can be set
-from the environment as `FERRYMAN_<SECTION>__<FIELD>`, e.g. `FERRYMAN_DEDUPER__INSTANCE_ID=d2`,
-`FERRYMAN_CLUSTERS__SOURCE__BOOTSTRAP_SERVERS=kafka-a:9092`. Without a file, the `KAFKA_CLUSTERS_*`
+sections; any field of `wrapper`, `deduper`, `auditor`, `tracing` and `rpc` (and of a cluster, by its alias, or of a
+flow, by its index) can be set from the environment as `FERRYMAN_<SECTION>__<FIELD>`, e.g.
+`FERRYMAN_DEDUPER__INSTANCE_ID=d2`, `FERRYMAN_CLUSTERS__SOURCE__BOOTSTRAP_SERVERS=kafka-a:9092`,
+`FERRYMAN_FLOWS__0__NAME=orders`. Without a file, the `KAFKA_CLUSTERS_*`
 variables describe a complete one-topic flow (README, "Install and run").
 """
 
