@@ -54,22 +54,30 @@ def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")} | dict(extra or {})
 
 
-def test_help_on_every_command() -> None:
-    paths = list(_commands())
-    assert {("status",), ("lag",), ("offsets", "translate"), ("audit", "run")} <= set(paths)
+def _helps(argvs: Mapping[Any, list[str]]) -> dict[Any, tuple[int, str, str]]:
+    """Each argv run with ``--help``, all at once: key -> (exit status, stdout, stderr)."""
     running = {
-        path: subprocess.Popen(
-            [str(FERRYMAN), *path, "--help"],
+        key: subprocess.Popen(
+            [*argv, "--help"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=_env({"COLUMNS": "120"}),
         )
-        for path in paths
+        for key, argv in argvs.items()
     }
-    for path, process in running.items():
+    done = {}
+    for key, process in running.items():
         out, err = process.communicate(timeout=COMMAND_TIMEOUT_S)
-        assert process.returncode == 0, (path, err)
+        done[key] = (process.returncode, out, err)
+    return done
+
+
+def test_help_on_every_command() -> None:
+    paths = list(_commands())
+    assert {("status",), ("lag",), ("offsets", "translate"), ("audit", "run")} <= set(paths)
+    for path, (status, out, err) in _helps({path: [str(FERRYMAN), *path] for path in paths}).items():
+        assert status == 0, (path, err)
         assert " ".join(("Usage: ferryman", *path)) in out, (path, out)
         assert err == "" and "Traceback" not in out
 
@@ -80,19 +88,8 @@ def test_help_on_every_console_script() -> None:
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     scripts = sorted(pyproject["project"]["scripts"])
     assert {"ferryman", "ferryman-wrapper", "ferryman-deduper", "ferryman-demo"} <= set(scripts)
-    running = {
-        name: subprocess.Popen(
-            [str(FERRYMAN.parent / name), "--help"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_env({"COLUMNS": "120"}),
-        )
-        for name in scripts
-    }
-    for name, process in running.items():
-        out, err = process.communicate(timeout=COMMAND_TIMEOUT_S)
-        assert process.returncode == 0, (name, err)
+    for name, (status, out, err) in _helps({name: [str(FERRYMAN.parent / name)] for name in scripts}).items():
+        assert status == 0, (name, err)
         assert "usage:" in out.lower() and name in out, (name, out)
         assert "Traceback" not in out + err, (name, err)
 
