@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka import Producer
 from ferryman_local import reserve_port
@@ -155,3 +156,32 @@ def test_scheduler_logs_a_violation_and_exits_1_on_sigterm_as_audit_run_would(
     assert code == 1, output[-4000:]
     assert f"ERROR ferryman-audit ferryman_auditor._schedule: audit {runs[0]['run_id']}" in output
     assert f"{topic}-1 (missing 0, duplicated 1" in output
+
+
+def _spark_jvm(scheduler: subprocess.Popen[bytes]) -> psutil.Process:
+    """The JVM that PySpark started for the scheduler (a java process below it)."""
+    jvms = [p for p in psutil.Process(scheduler.pid).children(recursive=True) if p.name() == "java"]
+    assert len(jvms) == 1, [p.cmdline() for p in jvms]
+    return jvms[0]
+
+
+def test_scheduler_whose_spark_jvm_is_killed_exits_3_at_its_next_run_with_the_reason(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """kill -9 of Spark's JVM (as the OOM killer would): PySpark cannot start another in the process, so the
+    scheduler must not go on failing every run while it looks alive; it exits for its supervisor to restart it."""
+    _topic, _dest, config = _setup(source_cluster, destination_cluster, unique_name, tmp_path)
+    log = tmp_path / "schedule.log"
+    with _scheduler(config, log, "--interval-s", "2") as proc:
+        first = wait_until(lambda: _runs(config), _RUNS_BUDGET_S, _POLL_S, "the first run")
+        _spark_jvm(proc).kill()
+        code = proc.wait(_RUNS_BUDGET_S)
+        stored = _runs(config)
+    output = log.read_text(errors="replace")
+    assert code == 3, output[-4000:]
+    assert first and all(r["verdict"] == "EXACTLY_ONCE" for r in first), first
+    assert "Spark's session is lost" in output and "exiting to be restarted" in output, output[-4000:]
+    assert "could not run and Spark's session is lost: its JVM does not answer" in output, output[-4000:]
+    assert all(r["verdict"] == "EXACTLY_ONCE" for r in stored)  # nothing of a failed run is stored
+    # No stop tried on the dead JVM (PySpark's own threads may still print a traceback as the JVM goes).
+    assert "did not stop cleanly" not in output, output[-4000:]

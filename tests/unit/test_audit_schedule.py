@@ -191,6 +191,43 @@ def test_a_usage_error_stops_the_scheduler_on_its_own() -> None:
     assert audits.calls == 1
 
 
+def test_a_failed_run_with_the_spark_session_lost_stops_the_scheduler_on_its_own() -> None:
+    audits = _Audits(lambda _n, _cancel: (_ for _ in ()).throw(RuntimeError("Answer from Java side is empty")))
+    asked: list[int] = []
+
+    def lost() -> str:
+        asked.append(audits.calls)
+        return "its JVM does not answer"
+
+    scheduler = AuditScheduler(
+        audits, audits.cancel_jobs, flow="f", interval_s=0.01, shutdown_timeout_s=1, session_lost=lost
+    )
+    outcome = scheduler.run()  # returns without shutdown()
+    assert (outcome.session_lost, outcome.failures, outcome.last_failed) == ("its JVM does not answer", 1, True)
+    assert audits.calls == 1
+    assert asked == [1]  # asked once the run failed, not before
+
+
+def test_the_session_is_asked_only_after_a_failure_and_a_live_one_lets_runs_go_on() -> None:
+    asked: list[int] = []
+    audits = _Audits(lambda n, _cancel: _report(n) if n > 1 else (_ for _ in ()).throw(AuditError("down")))
+
+    def alive() -> None:
+        asked.append(audits.calls)
+
+    scheduler = AuditScheduler(
+        audits, audits.cancel_jobs, flow="f", interval_s=0.01, shutdown_timeout_s=1, session_lost=alive
+    )
+    outcome: list[ScheduleOutcome] = []
+    thread = threading.Thread(target=lambda: outcome.append(scheduler.run()), daemon=True)
+    thread.start()
+    wait_until(lambda: audits.calls >= 3, _BUDGET_S, message="runs after the failure")
+    scheduler.shutdown()
+    thread.join(_BUDGET_S)
+    assert asked == [1]
+    assert outcome[0].session_lost is None and outcome[0].failures == 1 and outcome[0].runs >= 2
+
+
 def test_a_stop_requested_before_run_means_no_audit() -> None:
     audits = _Audits(lambda n, _cancel: _report(n))
     scheduler = AuditScheduler(audits, audits.cancel_jobs, flow="f", interval_s=1, shutdown_timeout_s=1)

@@ -260,6 +260,9 @@ def schedule(
     On SIGTERM a run in progress gets --shutdown-timeout-s to finish, then it is abandoned (nothing stored).
 
     Exit status once stopped: 0 all runs exactly once, 1 a run found a violation, 2 bad usage, 3 the last failed.
+    A failed run whose Spark session is lost (its JVM killed, its context stopped) stops the scheduler: PySpark
+    cannot start another in the process, so it exits (3, or 1 after a violation) for its supervisor to restart
+    it, and the next run resumes from the last verified position.
     """
     try:
         if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -281,7 +284,14 @@ def schedule(
         level=log_level, format="%(asctime)s %(levelname)s ferryman-audit %(name)s: %(message)s", stream=sys.stderr
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway connection otherwise
-    from ferryman_auditor import AuditRuns, AuditSettings, flow_scheduler, serve_audit_api, spark_session  # noqa: PLC0415
+    from ferryman_auditor import (  # noqa: PLC0415
+        AuditRuns,
+        AuditSettings,
+        flow_scheduler,
+        serve_audit_api,
+        spark_session,
+        stop_session,
+    )
 
     signals = StopSignals()
     signals.install()
@@ -289,6 +299,7 @@ def schedule(
         spark = spark_session(master)
     except Exception as exc:  # PySpark raises its own classes (the JVM did not start, a bad master URL)
         return fail(f"Spark did not start: {exc}", EXIT_FAILED)
+    outcome: ScheduleOutcome | None = None
     try:
         signals.install()  # again: PySpark installs a SIGINT handler of its own with its context
         settings = AuditSettings(reports_dir=reports_dir)
@@ -319,9 +330,12 @@ def schedule(
     except (ConfigError, RpcBindError) as exc:
         return fail(str(exc), EXIT_USAGE)
     finally:
-        spark.stop()
+        if outcome is None or outcome.session_lost is None:  # a lost session has nothing left to stop
+            stop_session(spark)
     if outcome.usage_error is not None:
         return fail(outcome.usage_error, EXIT_USAGE)
+    if outcome.session_lost is not None:
+        fail(f"Spark's session is lost ({outcome.session_lost}): exiting to be restarted", EXIT_FAILED)
     return schedule_exit_status(outcome)
 
 

@@ -16,7 +16,7 @@ from ferryman_auditor._plan import AuditRange
 from ferryman_auditor._report import EXACTLY_ONCE, VIOLATED, AuditReport, PartitionReport, summary_of
 from ferryman_auditor._runs import AuditRuns, StartedRun
 from ferryman_auditor._schedule import AuditScheduler, ScheduleOutcome, flow_scheduler
-from ferryman_auditor._spark import spark_session
+from ferryman_auditor._spark import spark_session, stop_session
 from ferryman_auditor._store import AuditStore, Checkpoint, StoredAudits
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "run_audit",
     "serve_audit_api",
     "spark_session",
+    "stop_session",
     "summary_of",
 ]

@@ -15,7 +15,10 @@ reentrant; the thread that runs ``run()`` waits on nothing else). On shutdown:
 Each run is done on a worker thread; its verdict (or why it could not run) is
 logged. A run that cannot run (a cluster down, a failed job) is retried at the
 next interval; a run refused as bad usage (the flow no longer has a topic it
-was asked for) stops the scheduler, since repeating it cannot help.
+was asked for) stops the scheduler, since repeating it cannot help, and so does
+a failed run whose Spark session is lost (its JVM gone or its context stopped:
+PySpark cannot start another in the process). Restarted, the scheduler resumes
+from the last verified position.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ferryman_auditor._audit import AuditSettings, run_audit
 from ferryman_auditor._errors import AuditCancelledError, AuditUsageError
 from ferryman_auditor._plan import AuditRange
 from ferryman_auditor._report import EXACTLY_ONCE, AuditReport
+from ferryman_auditor._spark import session_lost
 
 if TYPE_CHECKING:
     from ferryman.config import FerrymanConfig, FlowConfig
@@ -75,6 +79,8 @@ class ScheduleOutcome:
     """The last run attempted could not run."""
     usage_error: str | None
     """Why the scheduler stopped on its own: a run was refused as bad usage (None: it was asked to stop)."""
+    session_lost: str | None = None
+    """Why the scheduler stopped on its own: a run failed and the Spark session is lost (its JVM, its context)."""
 
 
 @dataclass
@@ -85,11 +91,21 @@ class _Tally:
     abandoned: bool = False
     last_failed: bool = False
     usage_error: str | None = None
+    session_lost: str | None = None
 
     def outcome(self) -> ScheduleOutcome:
         return ScheduleOutcome(
-            self.runs, self.violations, self.failures, self.abandoned, self.last_failed, self.usage_error
+            self.runs,
+            self.violations,
+            self.failures,
+            self.abandoned,
+            self.last_failed,
+            self.usage_error,
+            self.session_lost,
         )
+
+    def stopped_on_its_own(self) -> bool:
+        return self.usage_error is not None or self.session_lost is not None
 
 
 class AuditScheduler:
@@ -101,6 +117,8 @@ class AuditScheduler:
         flow: the flow's name, for the log.
         interval_s: time from the start of one run to the start of the next.
         shutdown_timeout_s: how long a run in progress may go on after shutdown() before it is abandoned.
+        session_lost: asked after a failed run: why the session can run no more audits, or None
+            (``session_lost`` of ``_spark``); the scheduler then stops.
     """
 
     def __init__(
@@ -111,8 +129,10 @@ class AuditScheduler:
         flow: str,
         interval_s: float,
         shutdown_timeout_s: float,
+        session_lost: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._audit = audit
+        self._session_lost = session_lost
         self._cancel_jobs = cancel_jobs
         self._flow = flow
         self._interval_s = interval_s
@@ -125,7 +145,7 @@ class AuditScheduler:
         self._events.put(_Event.STOP)
 
     def run(self) -> ScheduleOutcome:
-        """Audit every interval until shutdown() or a usage error; return what was done."""
+        """Audit every interval until shutdown(), a usage error or a lost session; return what was done."""
         _log.info(
             "auditing flow %s every %g s (a run in progress gets %g s to finish on SIGTERM)",
             self._flow,
@@ -135,7 +155,7 @@ class AuditScheduler:
         next_at = time.monotonic()
         while not self._stop_before(next_at):
             began = time.monotonic()
-            if self._run_once() or self._tally.usage_error is not None:
+            if self._run_once() or self._tally.stopped_on_its_own():
                 break
             next_at = began + self._interval_s
             _log.info("next audit of flow %s in %.1f s", self._flow, max(0.0, next_at - time.monotonic()))
@@ -198,14 +218,21 @@ class AuditScheduler:
         except AuditUsageError as exc:
             tally.usage_error = str(exc)
             _log.error("audit of flow %s refused, stopping: %s", self._flow, exc)
-        except FerrymanError as exc:
+        except Exception as exc:  # a long-running scheduler outlives one run's error; the next run retries
             tally.failures += 1
             tally.last_failed = True
-            _log.error("audit of flow %s could not run (retried at the next interval): %s", self._flow, exc)
-        except Exception:  # a long-running scheduler outlives one run's unexpected error; the next run retries
-            tally.failures += 1
-            tally.last_failed = True
-            _log.exception("audit of flow %s failed unexpectedly (retried at the next interval)", self._flow)
+            if (lost := self._session_lost()) is not None:
+                tally.session_lost = lost
+                _log.error(
+                    "audit of flow %s could not run and Spark's session is lost: %s; stopping (restarted, "
+                    "the scheduler resumes from the last verified position)",
+                    self._flow,
+                    lost,
+                )
+            elif isinstance(exc, FerrymanError):
+                _log.error("audit of flow %s could not run (retried at the next interval): %s", self._flow, exc)
+            else:
+                _log.exception("audit of flow %s failed unexpectedly (retried at the next interval)", self._flow)
         else:
             tally.runs += 1
             tally.last_failed = False
@@ -245,6 +272,7 @@ def flow_scheduler(
         flow=flow.name,
         interval_s=config.auditor.interval_s if interval_s is None else interval_s,
         shutdown_timeout_s=config.auditor.shutdown_timeout_s if shutdown_timeout_s is None else shutdown_timeout_s,
+        session_lost=lambda: session_lost(spark),
     )
 
 

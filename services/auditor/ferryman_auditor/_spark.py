@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+_log = logging.getLogger(__name__)
 
 #: The default master: two task slots per core of this machine. A task reads its source range, destination window
 #: and offset map one after the other and waits on the brokers meanwhile, so one slot per core left the cores idle:
@@ -44,3 +48,36 @@ def spark_session(master: str | None = None, app_name: str = "ferryman-audit") -
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def session_lost(spark: SparkSession) -> str | None:
+    """Why ``spark`` can run no more jobs (its JVM gone, its context stopped), or None while it can.
+
+    PySpark keeps the gateway to its JVM in class state and cannot start another
+    in the same process once that JVM is gone (killed, say, by the OOM killer), and a
+    context a cluster master stopped stays stopped: either way every later audit would
+    fail, so the scheduler stops on it and leaves the restart to its supervisor.
+    """
+    from py4j.protocol import Py4JError  # noqa: PLC0415 -- PySpark's own dependency, loaded with it
+
+    try:
+        jsc = spark.sparkContext._jsc  # None once stopped from Python
+        if jsc is None:
+            return "its context was stopped"
+        if jsc.sc().isStopped():
+            return "its context was stopped (by Spark: a cluster master, a fatal error)"
+    except (Py4JError, OSError) as exc:
+        return f"its JVM does not answer ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    return None
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop ``spark``; one whose JVM is gone is only let go (stopping asks that JVM, which raises, and warns)."""
+    from py4j.protocol import Py4JError  # noqa: PLC0415 -- PySpark's own dependency, loaded with it
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "Unable to cleanly shutdown Spark JVM process"
+            spark.stop()
+    except (Py4JError, OSError) as exc:
+        _log.warning("Spark's session did not stop cleanly (its JVM is gone): %s", type(exc).__name__)
