@@ -165,23 +165,40 @@ def _spark_jvm(scheduler: subprocess.Popen[bytes]) -> psutil.Process:
     return jvms[0]
 
 
-def test_scheduler_whose_spark_jvm_is_killed_exits_3_at_its_next_run_with_the_reason(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+@pytest.mark.parametrize("noticed_by", ["scheduled run", "run started over the API"])
+def test_scheduler_whose_spark_jvm_is_killed_exits_3_at_the_next_run_with_the_reason(
+    noticed_by: str,
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
 ) -> None:
     """kill -9 of Spark's JVM (as the OOM killer would): PySpark cannot start another in the process, so the
-    scheduler must not go on failing every run while it looks alive; it exits for its supervisor to restart it."""
+    scheduler must not go on failing every run while it looks alive; it exits for its supervisor to restart it,
+    at the next scheduled run or at a run started over its API, whichever fails first."""
     _topic, _dest, config = _setup(source_cluster, destination_cluster, unique_name, tmp_path)
     log = tmp_path / "schedule.log"
-    with _scheduler(config, log, "--interval-s", "2") as proc:
+    api = f"127.0.0.1:{reserve_port()}"
+    over_api = noticed_by == "run started over the API"
+    interval = "3600" if over_api else "2"  # over the API: no scheduled run comes before the started one
+    with _scheduler(config, log, "--interval-s", interval, "--listen-address", api) as proc:
         first = wait_until(lambda: _runs(config), _RUNS_BUDGET_S, _POLL_S, "the first run")
         _spark_jvm(proc).kill()
+        if over_api:
+            started = _ferryman("audit", "run", "--server", api, "--output", "json")
+            assert started.returncode == 3, started.stdout + started.stderr
         code = proc.wait(_RUNS_BUDGET_S)
         stored = _runs(config)
     output = log.read_text(errors="replace")
     assert code == 3, output[-4000:]
     assert first and all(r["verdict"] == "EXACTLY_ONCE" for r in first), first
     assert "Spark's session is lost" in output and "exiting to be restarted" in output, output[-4000:]
-    assert "could not run and Spark's session is lost: its JVM does not answer" in output, output[-4000:]
+    lost = (
+        "an audit run on the session failed and Spark's session is lost: its JVM does not answer"
+        if over_api
+        else "could not run and Spark's session is lost: its JVM does not answer"
+    )
+    assert lost in output, output[-4000:]
     assert all(r["verdict"] == "EXACTLY_ONCE" for r in stored)  # nothing of a failed run is stored
     # No stop tried on the dead JVM (PySpark's own threads may still print a traceback as the JVM goes).
     assert "did not stop cleanly" not in output, output[-4000:]

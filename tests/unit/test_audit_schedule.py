@@ -228,6 +228,24 @@ def test_the_session_is_asked_only_after_a_failure_and_a_live_one_lets_runs_go_o
     assert outcome[0].session_lost is None and outcome[0].failures == 1 and outcome[0].runs >= 2
 
 
+@pytest.mark.parametrize("lost", [None, "its context was stopped"])
+def test_a_run_failed_elsewhere_stops_the_scheduler_only_when_the_session_is_lost(lost: str | None) -> None:
+    audits = _Audits(lambda n, _cancel: _report(n))
+    scheduler = AuditScheduler(
+        audits, audits.cancel_jobs, flow="f", interval_s=3600, shutdown_timeout_s=1, session_lost=lambda: lost
+    )
+    outcome: list[ScheduleOutcome] = []
+    thread = threading.Thread(target=lambda: outcome.append(scheduler.run()), daemon=True)
+    thread.start()
+    wait_until(lambda: audits.calls == 1, _BUDGET_S, message="the first run")
+    scheduler.run_failed_elsewhere()  # as a run started over the API that failed
+    thread.join(0.5 if lost is None else _BUDGET_S)
+    assert thread.is_alive() == (lost is None)  # a live session: the scheduler waits for its next run
+    scheduler.shutdown()
+    thread.join(_BUDGET_S)
+    assert (outcome[0].session_lost, outcome[0].last_failed) == (lost, lost is not None)
+
+
 def test_a_stop_requested_before_run_means_no_audit() -> None:
     audits = _Audits(lambda n, _cancel: _report(n))
     scheduler = AuditScheduler(audits, audits.cancel_jobs, flow="f", interval_s=1, shutdown_timeout_s=1)

@@ -303,7 +303,7 @@ def schedule(
     try:
         signals.install()  # again: PySpark installs a SIGINT handler of its own with its context
         settings = AuditSettings(reports_dir=reports_dir)
-        runs = AuditRuns(spark, cfg, settings=settings)
+        session_lock = threading.Lock()  # scheduled runs and runs started over the API take turns
         scheduler = flow_scheduler(
             spark,
             cfg,
@@ -312,7 +312,10 @@ def schedule(
             settings=settings,
             interval_s=auditor.interval_s,
             shutdown_timeout_s=auditor.shutdown_timeout_s,
-            session_lock=runs.session_lock,
+            session_lock=session_lock,
+        )
+        runs = AuditRuns(
+            spark, cfg, settings=settings, session_lock=session_lock, on_failure=scheduler.run_failed_elsewhere
         )
         signals.forward_to(scheduler.shutdown)
         with contextlib.ExitStack() as api:

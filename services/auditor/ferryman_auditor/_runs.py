@@ -72,6 +72,8 @@ class AuditRuns:
         config: the configuration the flows come from.
         settings: audit settings (reports directory, Kafka budget).
         session_lock: the lock every user of the session holds while it audits (new one by default).
+        on_failure: called (on the run's thread) after a started run failed: the scheduler's
+            ``run_failed_elsewhere``, which stops it if the session is lost.
     """
 
     def __init__(
@@ -82,12 +84,14 @@ class AuditRuns:
         settings: AuditSettings | None = None,
         session_lock: threading.Lock | None = None,
         runner: Runner = run_audit,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self.spark = spark
         self.config = config
         self.settings = settings or AuditSettings()
         self.session_lock = session_lock or threading.Lock()
         self._runner = runner
+        self._on_failure = on_failure
         self._changed = threading.Condition()
         self._runs: OrderedDict[str, StartedRun] = OrderedDict()
         self._active: StartedRun | None = None
@@ -181,6 +185,7 @@ class AuditRuns:
                 _log.exception("audit %s of flow %s failed unexpectedly", run.run_id, run.flow)
             self._update(run, state=FAILED, step="failed", error=str(exc) or type(exc).__name__)
             _log.error("audit %s of flow %s (started over the API) could not run: %s", run.run_id, run.flow, exc)
+            self._on_failure()
             return
         self._update(run, state=FINISHED, step="done", report=report, started_at_ms=report.started_at_ms)
         _log.info("audit %s of flow %s (started over the API): %s", run.run_id, run.flow, report.verdict)

@@ -144,6 +144,19 @@ class AuditScheduler:
         """Ask run() to stop (a second call abandons a run in progress at once). Safe from signal handlers."""
         self._events.put(_Event.STOP)
 
+    def run_failed_elsewhere(self) -> None:
+        """A run on the same session failed outside the schedule (one started over the API).
+
+        If the session is lost, the scheduler stops as after a failed run of its own (a run in
+        progress gets the shutdown timeout, and fails on the lost session anyway). Any thread.
+        """
+        if (lost := self._session_lost()) is None:
+            return
+        self._tally.session_lost = lost
+        self._tally.last_failed = True
+        _log.error("an audit run on the session failed and Spark's session is lost: %s; stopping", lost)
+        self._events.put(_Event.STOP)
+
     def run(self) -> ScheduleOutcome:
         """Audit every interval until shutdown(), a usage error or a lost session; return what was done."""
         _log.info(
