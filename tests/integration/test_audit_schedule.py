@@ -9,6 +9,7 @@ its exit status.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from ferryman_local import reserve_port
 
 from tests.helpers.audit import audit_config, copy_topic, produce_copy, write_audit_config
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
-from tests.helpers.services import BIN, running_flow
+from tests.helpers.services import BIN, flow_config, running_flow
 
 pytestmark = pytest.mark.integration
 
@@ -202,3 +203,24 @@ def test_scheduler_whose_spark_jvm_is_killed_exits_3_at_the_next_run_with_the_re
     assert all(r["verdict"] == "EXACTLY_ONCE" for r in stored)  # nothing of a failed run is stored
     # No stop tried on the dead JVM (PySpark's own threads may still print a traceback as the JVM goes).
     assert "did not stop cleanly" not in output, output[-4000:]
+
+
+@pytest.mark.parametrize("command", ["run", "schedule"])
+def test_spark_that_does_not_start_is_an_audit_that_could_not_run_exit_3_not_a_finding(
+    command: str, tmp_path: Path
+) -> None:
+    """No Java (JAVA_HOME wrong): exit 3 (could not run: a CronJob retries it) with the reason, never 1 (a
+    violation, which fails the Job) or a traceback. Spark starts before the clusters are asked."""
+    data = flow_config(source_bootstrap="127.0.0.1:1", destination_bootstrap="127.0.0.1:2", flow="f", topics=["t"])
+    config = write_audit_config(tmp_path / "flow.yaml", data)
+    done = subprocess.run(
+        [str(BIN / "ferryman"), "audit", command, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=os.environ | {"JAVA_HOME": str(tmp_path / "no-java")},
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "ferryman: Spark did not start: [JAVA_GATEWAY_EXITED]" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -285,6 +285,7 @@ def schedule(
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway connection otherwise
     from ferryman_auditor import (  # noqa: PLC0415
+        AuditError,
         AuditRuns,
         AuditSettings,
         flow_scheduler,
@@ -297,8 +298,8 @@ def schedule(
     signals.install()
     try:
         spark = spark_session(master)
-    except Exception as exc:  # PySpark raises its own classes (the JVM did not start, a bad master URL)
-        return fail(f"Spark did not start: {exc}", EXIT_FAILED)
+    except AuditError as exc:
+        return fail(str(exc), EXIT_FAILED)
     outcome: ScheduleOutcome | None = None
     try:
         signals.install()  # again: PySpark installs a SIGINT handler of its own with its context

@@ -8,6 +8,8 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
+from ferryman_auditor._errors import AuditError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -31,21 +33,28 @@ def spark_session(master: str | None = None, app_name: str = "ferryman-audit") -
     otherwise: they import this package and confluent-kafka, which the
     interpreter running the audit has. Spark's console progress bar and web UI
     are off (the CLI draws its own progress), and Spark logs errors only.
+
+    Raises:
+        AuditError: Spark did not start (no Java, a bad master URL, a cluster that refused the application):
+            an audit that could not run, never mistaken for a finding.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession  # noqa: PLC0415 -- the audit extra, loaded when an audit runs
 
-    spark = (
-        SparkSession.builder.appName(app_name)
-        .master(master or DEFAULT_MASTER)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        # Partitions of the alignment shuffle (one group per source partition). Spark's 200 cost ~10 ms of
-        # task start-up each, most of a small audit; adaptive execution still merges small ones.
-        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-        .config("spark.sql.adaptive.enabled", "true")
-        .getOrCreate()
-    )
+    try:
+        spark = (
+            SparkSession.builder.appName(app_name)
+            .master(master or DEFAULT_MASTER)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            # Partitions of the alignment shuffle (one group per source partition). Spark's 200 cost ~10 ms of
+            # task start-up each, most of a small audit; adaptive execution still merges small ones.
+            .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+            .config("spark.sql.adaptive.enabled", "true")
+            .getOrCreate()
+        )
+    except Exception as exc:  # PySpark raises its own classes (the JVM did not start, a bad master URL)
+        raise AuditError(f"Spark did not start: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
