@@ -205,22 +205,40 @@ def test_scheduler_whose_spark_jvm_is_killed_exits_3_at_the_next_run_with_the_re
     assert "did not stop cleanly" not in output, output[-4000:]
 
 
+def _offline(
+    command: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``ferryman audit COMMAND`` on a flow whose clusters are never reached (what is checked comes first)."""
+    data = flow_config(source_bootstrap="127.0.0.1:1", destination_bootstrap="127.0.0.1:2", flow="f", topics=["t"])
+    config = write_audit_config(tmp_path / "flow.yaml", data)
+    return subprocess.run(
+        [str(BIN / "ferryman"), "audit", command, "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=os.environ | (env or {}),
+    )
+
+
 @pytest.mark.parametrize("command", ["run", "schedule"])
 def test_spark_that_does_not_start_is_an_audit_that_could_not_run_exit_3_not_a_finding(
     command: str, tmp_path: Path
 ) -> None:
     """No Java (JAVA_HOME wrong): exit 3 (could not run: a CronJob retries it) with the reason, never 1 (a
     violation, which fails the Job) or a traceback. Spark starts before the clusters are asked."""
-    data = flow_config(source_bootstrap="127.0.0.1:1", destination_bootstrap="127.0.0.1:2", flow="f", topics=["t"])
-    config = write_audit_config(tmp_path / "flow.yaml", data)
-    done = subprocess.run(
-        [str(BIN / "ferryman"), "audit", command, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=os.environ | {"JAVA_HOME": str(tmp_path / "no-java")},
-    )
+    done = _offline(command, tmp_path, env={"JAVA_HOME": str(tmp_path / "no-java")})
     assert done.returncode == 3, done.stdout + done.stderr
     assert "ferryman: Spark did not start: [JAVA_GATEWAY_EXITED]" in done.stderr, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "schedule"])
+def test_a_reports_dir_that_cannot_be_written_is_bad_usage_before_spark_starts(command: str, tmp_path: Path) -> None:
+    """Not after the run: its verdict would be stored and then hidden behind the error (or a traceback)."""
+    (tmp_path / "a-file").write_text("")
+    done = _offline(command, tmp_path, "--reports-dir", str(tmp_path / "a-file" / "reports"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "ferryman: --reports-dir (FERRYMAN_AUDIT_REPORTS_DIR)" in done.stderr, done.stderr
+    assert "cannot write reports there: Not a directory" in done.stderr
+    assert "Spark" not in done.stderr and "Traceback" not in done.stderr

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -109,6 +110,25 @@ def _time_ms(text: str | None, name: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
+def _reports_dir(path: Path | None) -> Path | None:
+    """--reports-dir made and known writable before Spark starts (a run stored, then its report refused, helps no one).
+
+    Raises:
+        ConfigError: it cannot be made or written.
+    """
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--reports-dir (FERRYMAN_AUDIT_REPORTS_DIR) {path}: cannot write reports there: {exc.strerror or exc}"
+        ) from exc
+    return path
+
+
 def _audit_range(
     topics: list[str] | None, start: str | None, end: str | None, since: str | None, until: str | None
 ) -> AuditRange:
@@ -185,6 +205,7 @@ def run(
         check_output(output)
         cfg, chosen = load_flow(config, flow)
         audit_range = _audit_range(topic, start_offsets, end_offsets, since, until)
+        reports_dir = _reports_dir(reports_dir)
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE)
     from ferryman_auditor import AuditError, AuditSettings, AuditUsageError, run_audit, spark_session  # noqa: PLC0415
@@ -268,6 +289,7 @@ def schedule(
         if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
         cfg, chosen = load_flow(config, flow)
+        reports_dir = _reports_dir(reports_dir)
         overrides = {
             "interval_s": interval_s,
             "shutdown_timeout_s": shutdown_timeout_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -27,6 +28,8 @@ from ferryman_auditor._store import AuditStore, Checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+_log = logging.getLogger(__name__)
 
 #: Budget of each metadata, offset or state read of the planning phase.
 DEFAULT_TIMEOUT_S = 30.0
@@ -163,7 +166,16 @@ def run_audit(
         next_checkpoint = _next_checkpoint(stored.checkpoint, plans, outcomes, map_end, audit_range.topics is None)
     store.save(report, next_checkpoint)
     if settings.reports_dir is not None:
-        write_parquet(report, settings.reports_dir)
+        try:
+            write_parquet(report, settings.reports_dir)
+        except OSError as exc:  # the run is stored (audit list/show have it): its verdict stands, not hidden
+            _log.error(
+                "audit %s of flow %s is stored, but its Parquet report could not be written to %s: %s",
+                run_id,
+                flow.name,
+                settings.reports_dir,
+                exc,
+            )
     return report
 
 
