@@ -297,3 +297,21 @@ def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
         if _is_retriable(exc):
             raise KafkaOperationError(f"{what} did not succeed within {budget_s:.0f}s", exc) from exc
         raise
+
+
+def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float) -> T:
+    """Run op, repeating it while it fails on a transient fault (``is_transient``) until budget_s has elapsed.
+
+    For start-up steps after the cluster first answered (making internal topics, describing them): a
+    broker restart or a slow cluster then is a wait, not an exit. Other errors propagate at once; the
+    last transient one propagates when the budget is spent.
+    """
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_before_delay(budget_s),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        before_sleep=before_sleep_log(_log, logging.WARNING),
+        reraise=True,
+    )
+    _log.debug("%s (transient faults waited out for %g s)", what, budget_s)
+    return retrying(op)

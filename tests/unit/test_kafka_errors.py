@@ -8,7 +8,14 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from ferryman.errors import AuthorizationError, ConfigError, FerrymanError, KafkaOperationError
-from ferryman.kafka_errors import ErrorClass, authorization_error, classify, kafka_error_of, retry_retriable
+from ferryman.kafka_errors import (
+    ErrorClass,
+    authorization_error,
+    classify,
+    kafka_error_of,
+    retry_retriable,
+    wait_out_transient,
+)
 
 
 def err(code: int, *, fatal: bool = False, retriable: bool = False, txn_requires_abort: bool = False) -> KafkaError:
@@ -318,3 +325,33 @@ def test_time_out_of_the_group_runs_from_the_first_session_timeout_until_an_assi
     assert window.lost_for() == 0.0
     old_hook()  # the parked consumer's log speaks still: ignored
     assert window.lost_for() == 0.0
+
+
+def test_wait_out_transient_repeats_a_start_up_step_through_a_slow_cluster_and_lets_other_errors_through() -> None:
+    calls: list[int] = []
+
+    def slow_then_fine() -> str:
+        calls.append(1)
+        if len(calls) < 3:  # a describe with no answer in time, as at a destination broker's restart
+            raise KafkaOperationError("describe topic x: no answer within 30 s", TimeoutError())
+        return "made"
+
+    assert wait_out_transient(slow_then_fine, what="making topics", budget_s=30) == "made"
+    assert len(calls) == 3
+
+    def refused() -> None:
+        calls.append(1)
+        raise ConfigError("topic x has 3 partitions, flows[f].staging_partitions says 12")
+
+    calls.clear()
+    with pytest.raises(ConfigError):
+        wait_out_transient(refused, what="making topics", budget_s=30)
+    assert len(calls) == 1  # never repeated
+
+    def always_slow() -> None:
+        raise KafkaOperationError("describe topic x: no answer within 30 s", TimeoutError())
+
+    started = time.monotonic()
+    with pytest.raises(KafkaOperationError):
+        wait_out_transient(always_slow, what="making topics", budget_s=1.0)
+    assert time.monotonic() - started < 5.0  # the budget bounds the wait

@@ -42,7 +42,7 @@ from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
 from ferryman.health import ClusterHealth, StuckRecovery, wait_until_reachable
-from ferryman.kafka_errors import is_transient
+from ferryman.kafka_errors import is_transient, wait_out_transient
 from ferryman.metrics import LATENCY_COUNT, deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
@@ -347,7 +347,10 @@ class Deduper:
             preflight.check_transaction_timeout(
                 admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
             )
-        self._ensure_topics(admin)
+        # A broker restart or a slow destination right after it first answered is waited out, not an exit.
+        wait_out_transient(
+            lambda: self._ensure_topics(admin), what="making the internal topics", budget_s=self._dc.startup_timeout_s
+        )
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         self._flow = seed_and_check(self._registry, self._flow)
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
