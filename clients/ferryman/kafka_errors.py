@@ -281,16 +281,9 @@ def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
         what: short description for logs and the error message.
         budget_s: total time allowed, including waits between attempts.
     """
-    retrying = Retrying(
-        retry=retry_if_exception(_is_retriable),
-        # stop_before_delay: never start a wait that would end past the budget.
-        stop=stop_before_delay(budget_s),
-        # 50 ms first: CONCURRENT_TRANSACTIONS clears within tens of ms
-        # (KAFKA-5477); capped at 1 s so a long outage is polled, not slept.
-        wait=wait_exponential(multiplier=0.05, max=1.0),
-        before_sleep=before_sleep_log(_log, logging.WARNING),
-        reraise=True,
-    )
+    # 50 ms first: CONCURRENT_TRANSACTIONS clears within tens of ms
+    # (KAFKA-5477); capped at 1 s so a long outage is polled, not slept.
+    retrying = _retrying(_is_retriable, budget_s, first_s=0.05, most_s=1.0)
     try:
         return retrying(op)
     except KafkaException as exc:
@@ -306,12 +299,17 @@ def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float) -> T:
     broker restart or a slow cluster then is a wait, not an exit. Other errors propagate at once; the
     last transient one propagates when the budget is spent.
     """
-    retrying = Retrying(
-        retry=retry_if_exception(is_transient),
+    _log.debug("%s (transient faults waited out for %g s)", what, budget_s)
+    return _retrying(is_transient, budget_s, first_s=0.5, most_s=5.0)(op)
+
+
+def _retrying(retry: Callable[[BaseException], bool], budget_s: float, *, first_s: float, most_s: float) -> Retrying:
+    """Retries while retry(error), waits first_s doubling up to most_s, each logged; the last error re-raised."""
+    return Retrying(
+        retry=retry_if_exception(retry),
+        # stop_before_delay: never start a wait that would end past the budget.
         stop=stop_before_delay(budget_s),
-        wait=wait_exponential(multiplier=0.5, max=5.0),
+        wait=wait_exponential(multiplier=first_s, max=most_s),
         before_sleep=before_sleep_log(_log, logging.WARNING),
         reraise=True,
     )
-    _log.debug("%s (transient faults waited out for %g s)", what, budget_s)
-    return retrying(op)
