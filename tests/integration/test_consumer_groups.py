@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.group_close import JoinTracker, close_group_consumer
+from ferryman.topics import watermark_offsets
 from ferryman_wrapper._clients import ORPHANED_REBUILD_S
 
 from tests.helpers.kafka import (
@@ -173,7 +174,8 @@ def _copied(bootstrap: str, topic: str) -> int:
         found = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if found is None or found.error is not None:
             return 0
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in found.partitions)
+        # A destination topic created a moment ago may have no leader yet (NOT_LEADER in a CI run): retried.
+        return sum(watermark_offsets(consumer, topic, p, budget_s=10)[1] for p in found.partitions)
     finally:
         consumer.close()
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 from ferryman.config import RpcConfig, SecretStr, TlsConfig
+from ferryman.topics import watermark_offsets
 
 from tests.helpers.certs import make_pki
 from tests.helpers.grpc_clients import ControlStream, hello, start_linked_pair
@@ -62,7 +63,7 @@ def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, i
     """What a separate consumer sees: the log end of each partition."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "secure-pair-check"})
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        return {p: watermark_offsets(consumer, topic, p, budget_s=10)[1] for p in range(partitions)}
     finally:
         consumer.close()
 

@@ -348,11 +348,13 @@ class Deduper:
                 admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
             )
         # A broker restart or a slow destination right after it first answered is waited out, not an exit.
-        wait_out_transient(
-            lambda: self._ensure_topics(admin), what="making the internal topics", budget_s=self._dc.startup_timeout_s
-        )
+        budget_s = self._dc.startup_timeout_s
+        wait_out_transient(lambda: self._ensure_topics(admin), what="making the internal topics", budget_s=budget_s)
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
-        self._flow = seed_and_check(self._registry, self._flow)
+        flow = self._flow
+        self._flow = wait_out_transient(
+            lambda: seed_and_check(self._registry, flow), what="seeding the flow store", budget_s=budget_s
+        )
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(
             admin=admin,

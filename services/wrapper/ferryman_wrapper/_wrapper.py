@@ -46,7 +46,7 @@ from ferryman.errors import FencedError, FerrymanError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
 from ferryman.group_close import close_group_consumer
 from ferryman.health import ClusterHealth, wait_until_reachable
-from ferryman.kafka_errors import is_transient
+from ferryman.kafka_errors import is_transient, wait_out_transient
 from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
@@ -275,10 +275,17 @@ class Wrapper:
         self._target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
         wait_until_reachable(source_admin, self._flow.source, self._source, self._wc.startup_timeout_s)
         wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
-        self._cluster_id = topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S)
-        self._staging.ensure()
+        # A broker restart or a slow cluster right after both first answered is waited out, not an exit.
+        budget_s = self._wc.startup_timeout_s
+        self._cluster_id = wait_out_transient(
+            lambda: topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S), what="reading the source's id", budget_s=budget_s
+        )
+        wait_out_transient(self._staging.ensure, what="making the staging and topic-spec topics", budget_s=budget_s)
         store = FlowStore(self._flow.target, self._target, client_id=f"{self.wrapper_id}-flows")
-        self._flow = stored_or(store, self._flow)
+        flow = self._flow
+        self._flow = wait_out_transient(
+            lambda: stored_or(store, flow), what="reading the flow store", budget_s=budget_s
+        )
         self._live = LiveFlow(self._target, self._flow, client_id=f"{self.wrapper_id}-flows")
         self._clients.start_producer()
         self._specs = SpecPublisher(
