@@ -92,7 +92,7 @@ def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:
     return time.monotonic()
 
 
-def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceProducer) -> float:
+def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceProducer, flow: RunningFlow) -> float:
     """Seconds from since until work resumed at the destination.
 
     While the stream still runs, work resumed when the destination's committed
@@ -100,16 +100,23 @@ def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceP
     have been replicated in full before the broker counted as ready: then the time
     until the destination holds every record sent.
     """
+    before = destination_position(bootstrap, topic)
+    # Asked after the position: a stream that ends between the two looks is read in full, not awaited to move on.
     if not producer.is_alive():
         read_all(bootstrap, topic, expected=producer.sent, timeout_s=RECOVERY_GOAL_S * 2)
         return time.monotonic() - since
-    before = destination_position(bootstrap, topic)
-    wait_until(
-        lambda: destination_position(bootstrap, topic) > before,
-        RECOVERY_GOAL_S * 2,
-        0.1,
-        message="a transaction committed at the destination after the broker came back",
-    )
+    try:
+        wait_until(
+            lambda: destination_position(bootstrap, topic) > before,
+            RECOVERY_GOAL_S * 2,
+            0.1,
+            message="a transaction committed at the destination after the broker came back",
+        )
+    except AssertionError as exc:  # what the services did meanwhile, or the failure cannot be told apart later
+        logs = "\n".join(
+            f"--- {p.kind} (alive: {p.alive}):\n{p.output()[-6000:]}" for p in (flow.wrapper, flow.deduper)
+        )
+        raise AssertionError(f"{exc} (position {before} before, sent {producer.sent})\n{logs}") from exc
     return time.monotonic() - since
 
 
@@ -239,7 +246,7 @@ def test_a_broker_restart_is_ridden_through(
             back = time.monotonic()
         else:
             back = bounce(cluster, how, down_s)
-        recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back, producer)
+        recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back, producer, flow)
         if moment == "open-transaction":
             wait_until(
                 lambda: deduper_availability(flow.deduper) == (SERVING, ""),
@@ -306,7 +313,7 @@ def test_broker_bounces_mixed_with_service_kills(
             down_s = rng.uniform(*DOWN_S)
             started = time.monotonic()
             back = bounce(cluster, how, down_s)
-            recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back, producer)
+            recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", back, producer, flow)
             figures.append(
                 f"{event} {how.name}: down {back - started:.1f} s (restart included), "
                 f"first commit {recovery_s:.1f} s later"
@@ -381,7 +388,9 @@ def test_a_broker_frozen_past_the_session_twice_within_the_fence_window_is_ridde
                 time.sleep(FREEZE_S)  # the freeze itself: nothing to wait for
             finally:
                 os.kill(pid, signal.SIGCONT)
-            recovery_s = await_recovery(pair.destination.bootstrap_servers, f"src.{topic}", time.monotonic(), producer)
+            recovery_s = await_recovery(
+                pair.destination.bootstrap_servers, f"src.{topic}", time.monotonic(), producer, flow
+            )
             assert recovery_s <= RECOVERY_GOAL_S
             assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
         assert time.monotonic() - started < FenceWindow.WINDOW_S  # every fence fell within one window
