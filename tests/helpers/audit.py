@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 from ferryman.config import FerrymanConfig, parse_config
+from ferryman_auditor import AuditRange, AuditReport, PartitionReport
 
 from tests.helpers.kafka import ConsumedRecord, KafkaCluster, create_topic, read_all
 from tests.helpers.services import flow_config, write_config
@@ -83,3 +84,27 @@ def write_audit_config(path: Path, data: Mapping[str, Any]) -> Path:
 def with_value(r: ConsumedRecord, value: bytes) -> ConsumedRecord:
     """r with another value."""
     return replace(r, value=value)
+
+
+def one_partition_report(run_id: str, *, missing: int = 0, unverifiable: int = 0) -> AuditReport:
+    """A finished run of flow ``f`` over ``t`` [0]: 10 records expected, missing of them not found, the first
+    unverifiable source offsets removed before they could be checked."""
+    part = PartitionReport(
+        topic="t",
+        partition=0,
+        destination_topic="src.t",
+        expected=10,
+        found=10 - missing,
+        missing=missing,
+        duplicated=0,
+        reordered=0,
+        altered=0,
+        unexpected=0,
+        unverifiable=unverifiable,
+        unverifiable_ranges=[[0, unverifiable]] if unverifiable else [],
+        source_range=[0, 10 + unverifiable],
+        destination_range=[0, 10 - missing],
+        offset_map=None,
+        alignments_agree=True,
+    )
+    return AuditReport(run_id, "f", 1, 2, AuditRange().describe(), [part])

@@ -12,12 +12,12 @@ import pytest
 from ferryman.admin import audit_range
 from ferryman.errors import BusyError, ConfigError
 from ferryman.v1 import audit_pb2
-from ferryman_auditor import AuditRange, AuditReport, AuditRuns, PartitionReport
+from ferryman_auditor import AuditRange, AuditReport, AuditRuns
 from ferryman_auditor._convert import range_from_proto, range_to_proto, run_of_report
 from ferryman_auditor._errors import AuditError
 from ferryman_auditor._runs import FAILED, FINISHED
 
-from tests.helpers.audit import load
+from tests.helpers.audit import load, one_partition_report
 from tests.helpers.kafka import wait_until
 from tests.helpers.services import flow_config
 
@@ -60,25 +60,7 @@ def test_ranges_travel_both_ways(wanted: AuditRange) -> None:
 
 
 def _report(run_id: str = "r1", missing: int = 0) -> AuditReport:
-    part = PartitionReport(
-        topic="t",
-        partition=0,
-        destination_topic="src.t",
-        expected=10,
-        found=10 - missing,
-        missing=missing,
-        duplicated=0,
-        reordered=0,
-        altered=0,
-        unexpected=0,
-        unverifiable=2,
-        unverifiable_ranges=[[0, 2]],
-        source_range=[0, 12],
-        destination_range=[0, 10],
-        offset_map=None,
-        alignments_agree=True,
-    )
-    return AuditReport(run_id, "f", 1, 2, AuditRange().describe(), [part])
+    return one_partition_report(run_id, missing=missing, unverifiable=2)
 
 
 def test_a_report_converts_with_its_verdicts_and_counts() -> None:

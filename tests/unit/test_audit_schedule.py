@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from ferryman_auditor import AuditError, AuditReport, AuditScheduler, AuditUsageError, PartitionReport
+from ferryman_auditor import AuditError, AuditReport, AuditScheduler, AuditUsageError
 from ferryman_auditor._errors import AuditCancelledError
 from ferryman_auditor._schedule import ScheduleOutcome
 
+from tests.helpers.audit import one_partition_report
 from tests.helpers.kafka import wait_until
 
 #: Every wait of these tests is on a condition; this is only how long before one fails the test.
@@ -22,25 +23,7 @@ _BUDGET_S = 10.0
 
 
 def _report(run: int, *, missing: int = 0) -> AuditReport:
-    part = PartitionReport(
-        topic="t",
-        partition=0,
-        destination_topic="src.t",
-        expected=10,
-        found=10 - missing,
-        missing=missing,
-        duplicated=0,
-        reordered=0,
-        altered=0,
-        unexpected=0,
-        unverifiable=0,
-        unverifiable_ranges=[],
-        source_range=[0, 10],
-        destination_range=[0, 10 - missing],
-        offset_map=None,
-        alignments_agree=True,
-    )
-    return AuditReport(f"run-{run}", "f", 0, 0, {"kind": "since-last"}, [part])
+    return one_partition_report(f"run-{run}", missing=missing)
 
 
 class _Audits:

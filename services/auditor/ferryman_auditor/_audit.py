@@ -23,7 +23,7 @@ from ferryman.topics import cluster_id, describe_topics, list_topic_names, settl
 
 from ferryman_auditor._errors import AuditCancelledError, AuditError, AuditUsageError
 from ferryman_auditor._plan import AuditRange, PartitionPlan, plan_partition
-from ferryman_auditor._report import AuditReport, PartitionReport, write_parquet
+from ferryman_auditor._report import AuditReport, PartitionReport, store_parquet
 from ferryman_auditor._store import AuditStore, Checkpoint
 
 if TYPE_CHECKING:
@@ -166,16 +166,7 @@ def run_audit(
         next_checkpoint = _next_checkpoint(stored.checkpoint, plans, outcomes, map_end, audit_range.topics is None)
     store.save(report, next_checkpoint)
     if settings.reports_dir is not None:
-        try:
-            write_parquet(report, settings.reports_dir)
-        except OSError as exc:  # the run is stored (audit list/show have it): its verdict stands, not hidden
-            _log.error(
-                "audit %s of flow %s is stored, but its Parquet report could not be written to %s: %s",
-                run_id,
-                flow.name,
-                settings.reports_dir,
-                exc,
-            )
+        store_parquet(report, settings.reports_dir)
     return report
 
 

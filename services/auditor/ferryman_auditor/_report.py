@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ from ferryman_auditor._plan import PartitionPlan
 
 EXACTLY_ONCE = "EXACTLY_ONCE"
 VIOLATED = "VIOLATED"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,9 +157,32 @@ def write_parquet(report: AuditReport, directory: Path) -> Path:
         rows.append({"run_id": report.run_id, "flow": report.flow, "finished_at_ms": report.finished_at_ms, **row})
     path = directory / f"{report.run_id}.parquet"
     tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    tmp.replace(path)  # readers never see a half-written report
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        tmp.replace(path)  # readers never see a half-written report
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nor a half-written file left behind
+        raise
     return path
+
+
+def store_parquet(report: AuditReport, directory: Path) -> Path | None:
+    """write_parquet for a run already stored: a failure is logged and None returned, not raised.
+
+    The stored run (``audit list``/``show``) holds the verdict, and the exit status follows it: a full disk
+    must not turn a violation into a usage error, nor a clean run into a failure.
+    """
+    try:
+        return write_parquet(report, directory)
+    except OSError as exc:
+        _log.error(
+            "audit %s of flow %s is stored, but its Parquet report could not be written to %s: %s",
+            report.run_id,
+            report.flow,
+            directory,
+            exc,
+        )
+        return None
 
 
 def summary_of(reports: Sequence[AuditReport]) -> list[dict[str, Any]]:
