@@ -297,7 +297,8 @@ class WrapperConfig(_Model, frozen=True):
     picks a free port, ``""`` turns it off. Values are read from the status snapshot at scrape time."""
     startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     """How long the wrapper waits at start-up for each cluster to answer before it exits
-    (code 5, naming the cluster). Once running, an outage of any length is waited out."""
+    (code 5, naming the cluster), and then for each start-up step (its internal topics, the flow
+    store) to get past a transient fault. Once running, an outage of any length is waited out."""
 
 
 class DeduperConfig(_Model, frozen=True):
@@ -375,7 +376,9 @@ class DeduperConfig(_Model, frozen=True):
     """Ask again for a gap's records if they have not arrived after this long."""
     startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     """How long the deduper waits at start-up for the destination cluster to answer before it
-    exits (code 5, naming the cluster). Once running, an outage of any length is waited out."""
+    exits (code 5, naming the cluster), and then for each start-up step (the brokers' settings,
+    its internal topics, the flow store) to get past a transient fault. Once running, an outage
+    of any length is waited out."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.instance_id):

@@ -48,7 +48,8 @@ class KafkaOperationError(FerrymanError):
     """A Kafka client call failed and could not be retried within its budget."""
 
     def __init__(self, what: str, cause: BaseException) -> None:
-        super().__init__(f"{what}: {cause}")
+        # A cause with no text of its own (a bare TimeoutError) adds nothing after what.
+        super().__init__(f"{what}: {cause}" if str(cause) else what)
         self.what = what
         self.__cause__ = cause
 

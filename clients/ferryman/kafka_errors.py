@@ -16,8 +16,8 @@ from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from tenacity import (
+    RetryCallState,
     Retrying,
-    before_sleep_log,
     retry_if_exception,
     stop_before_delay,
     wait_exponential,
@@ -283,7 +283,7 @@ def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
     """
     # 50 ms first: CONCURRENT_TRANSACTIONS clears within tens of ms
     # (KAFKA-5477); capped at 1 s so a long outage is polled, not slept.
-    retrying = _retrying(_is_retriable, budget_s, first_s=0.05, most_s=1.0)
+    retrying = _retrying(_is_retriable, budget_s, what=what, first_s=0.05, most_s=1.0)
     try:
         return retrying(op)
     except KafkaException as exc:
@@ -299,17 +299,27 @@ def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float) -> T:
     broker restart or a slow cluster then is a wait, not an exit. Other errors propagate at once; the
     last transient one propagates when the budget is spent.
     """
-    _log.debug("%s (transient faults waited out for %g s)", what, budget_s)
-    return _retrying(is_transient, budget_s, first_s=0.5, most_s=5.0)(op)
+    return _retrying(is_transient, budget_s, what=what, first_s=0.5, most_s=5.0)(op)
 
 
-def _retrying(retry: Callable[[BaseException], bool], budget_s: float, *, first_s: float, most_s: float) -> Retrying:
+def _retrying(
+    retry: Callable[[BaseException], bool], budget_s: float, *, what: str, first_s: float, most_s: float
+) -> Retrying:
     """Retries while retry(error), waits first_s doubling up to most_s, each logged; the last error re-raised."""
+    started = time.monotonic()
+
+    def log_wait(state: RetryCallState) -> None:
+        # tenacity's own before_sleep_log names the callable (a lambda here); an operator wants the step.
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+        left_s = budget_s - (time.monotonic() - started)
+        _log.warning("%s failed (%s); trying again in %.2g s (%.0f s left)", what, error, wait_s, left_s)
+
     return Retrying(
         retry=retry_if_exception(retry),
         # stop_before_delay: never start a wait that would end past the budget.
         stop=stop_before_delay(budget_s),
         wait=wait_exponential(multiplier=first_s, max=most_s),
-        before_sleep=before_sleep_log(_log, logging.WARNING),
+        before_sleep=log_wait,
         reraise=True,
     )

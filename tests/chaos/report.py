@@ -78,6 +78,8 @@ class Report:
     services_down_at_end: list[str]
     phases: dict[str, float] = field(default_factory=dict)
     """Wall seconds of the run's steps outside the faults (start-up, final catch-up)."""
+    cpu_per_process: float | None = None
+    """Each service process's CPU cap in cores (``--cpu-per-process``); None: uncapped."""
     problems: list[str] = field(default_factory=list)
     rates: list[tuple[float, float, float]] = field(default_factory=list)
     """Destination records/s over the run, in steps: (from, to, rate), seconds since the run started. A stall
@@ -98,6 +100,7 @@ class Report:
         duration_s: float,
         records_sent: int,
         records_aborted: int,
+        cpu_per_process: float | None = None,
         faults: list[FaultRecord],
         topics: list[TopicResult],
         rates: list[tuple[float, float, float]],
@@ -145,6 +148,7 @@ class Report:
             service_starts=service_starts,
             services_down_at_end=services_down_at_end,
             phases=dict(phases or {}),
+            cpu_per_process=cpu_per_process,
             problems=problems,
             rates=[(round(b, 1), round(u, 1), round(r, 1)) for b, u, r in rates],
         )
@@ -165,7 +169,8 @@ class Report:
         overlapped = [f.recovery_s for f in self.faults if f.recovery_s is not None and f.fault["overlaps_next"]]
         lines = [
             f"chaos run: seed {self.seed}, profile {self.profile}, {self.duration_s:.0f} s, "
-            f"source {self.source_nodes} node(s), destination 3 nodes",
+            f"source {self.source_nodes} node(s), destination 3 nodes, services "
+            + ("uncapped" if self.cpu_per_process is None else f"capped at {self.cpu_per_process:g} core each"),
             f"records: {self.records_sent} sent ({self.records_aborted} in aborted transactions), "
             + ", ".join(f"{t.role} {t.source_records}->{t.destination_records}" for t in self.topics),
             "faults: " + ", ".join(f"{k} {v}" for k, v in self.faults_by_kind.items() if ":" not in k),

@@ -292,6 +292,7 @@ class ChaosRun:
             duration_s=time.monotonic() - started,
             records_sent=self.load.sent,
             records_aborted=self.load.streams["txn"].aborted,
+            cpu_per_process=None if self.caps is None else self.caps.cores,
             faults=records,
             topics=results,
             rates=self.progress.rates(started),

@@ -25,7 +25,14 @@ from ferryman.naming import FlowNames
 from ferryman.topics import watermark_offsets
 from ferryman_local import MultiNodeCluster, transaction_coordinator
 
-from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import (
+    KafkaCluster,
+    assert_exact_copy,
+    create_topic,
+    produce_sequences,
+    read_all,
+    wait_until,
+)
 from tests.helpers.services import RunningFlow, running_flow
 from tests.helpers.streams import SequenceProducer
 
@@ -237,3 +244,45 @@ def test_losing_a_key_node_loses_nothing_and_stops_nothing(
         assert after_restart_s is not None, (
             f"not every partition committed a record produced after the restart in {RECOVERY_GOAL_S:g}s"
         )
+
+
+def test_a_flow_started_while_the_destination_has_lost_its_controller_quorum_waits_for_it(
+    source_cluster: KafkaCluster,
+    destination3: MultiNodeCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Two of the destination's three nodes down as both services start (a zone lost, a rolling restart gone wrong).
+
+    The node left answers metadata from its own image, so each service finds the cluster reachable; but no
+    topic can be made until a quorum of controllers is back. Such a step after the first answer used to be
+    one try: a timeout there exited the process (a CI chaos run: a deduper restarted while a destination broker
+    was down). Both services now wait it out within ``startup_timeout_s`` and replicate once the nodes are back.
+    """
+    topic = unique_name("noquorum")
+    create_topic(source_cluster.bootstrap_servers, topic, PARTITIONS)
+    produce_sequences(source_cluster.bootstrap_servers, topic, PARTITIONS, per_partition=200)
+    left, *down = destination3.node_ids
+    for node in down:
+        destination3.kill(node)
+    try:
+        with running_flow(source_cluster, destination3, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
+            for proc in (flow.wrapper, flow.deduper):
+                proc.wait_for_log("; trying again in", 120)  # a step after the first answer, repeated
+            time.sleep(2.0)  # a while longer down: long enough for a step that gave up to end its process
+            _check_alive(flow, f"with only node {left} of the destination up")
+            assert "ready (now own" not in flow.deduper.output()
+            for node in down:
+                destination3.restart(node)
+            down = []
+            _wait_started(flow)
+            src = read_all(source_cluster.bootstrap_servers, topic)
+            assert_exact_copy(
+                src, read_all(destination3.bootstrap_servers, f"src.{topic}", expected=PARTITIONS * 200, timeout_s=120)
+            )
+            assert flow.wrapper.starts == flow.deduper.starts == 1
+            assert flow.wrapper.terminate() == 0
+            assert flow.deduper.terminate() == 0
+    finally:
+        for node in down:  # the module's other tests need all three
+            destination3.restart(node)

@@ -355,3 +355,22 @@ def test_wait_out_transient_repeats_a_start_up_step_through_a_slow_cluster_and_l
     with pytest.raises(KafkaOperationError):
         wait_out_transient(always_slow, what="making topics", budget_s=1.0)
     assert time.monotonic() - started < 5.0  # the budget bounds the wait
+
+
+def test_each_wait_is_logged_with_the_step_it_repeats(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    def slow_once() -> str:
+        calls.append(1)
+        if len(calls) < 2:
+            raise KafkaOperationError("describe topic x: no answer within 30 s", TimeoutError())
+        return "made"
+
+    with caplog.at_level(logging.WARNING, logger="ferryman.kafka_errors"):
+        assert wait_out_transient(slow_once, what="making the internal topics", budget_s=30) == "made"
+    [line] = [r.getMessage() for r in caplog.records]
+    # The step, the error (a bare TimeoutError adds no ": " of its own), the wait and what is left of the budget.
+    assert line.startswith(
+        "making the internal topics failed (describe topic x: no answer within 30 s); trying again in 0.5 s ("
+    )
+    assert line.endswith(" s left)")

@@ -343,12 +343,16 @@ class Deduper:
         assert self._hub is not None
         admin = AdminClient(self._client_conf("admin"))
         wait_until_reachable(admin, self._flow.target, self._target, self._dc.startup_timeout_s)
-        if self._eos:
-            preflight.check_transaction_timeout(
-                admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
-            )
         # A broker restart or a slow destination right after it first answered is waited out, not an exit.
         budget_s = self._dc.startup_timeout_s
+        if self._eos:
+            wait_out_transient(
+                lambda: preflight.check_transaction_timeout(
+                    admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
+                ),
+                what="reading the brokers' transaction.max.timeout.ms",
+                budget_s=budget_s,
+            )
         wait_out_transient(lambda: self._ensure_topics(admin), what="making the internal topics", budget_s=budget_s)
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
