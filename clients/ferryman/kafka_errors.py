@@ -23,7 +23,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from ferryman.errors import AuthorizationError, KafkaOperationError, WedgedCallError
+from ferryman.errors import AuthorizationError, ClusterUnreachableError, KafkaOperationError, WedgedCallError
 
 _log = logging.getLogger(__name__)
 
@@ -292,14 +292,24 @@ def retry_retriable(op: Callable[[], T], *, what: str, budget_s: float) -> T:
         raise
 
 
-def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float) -> T:
+def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float, setting: str) -> T:
     """Run op, repeating it while it fails on a transient fault (``is_transient``) until budget_s has elapsed.
 
     For start-up steps after the cluster first answered (making internal topics, describing them): a
-    broker restart or a slow cluster then is a wait, not an exit. Other errors propagate at once; the
-    last transient one propagates when the budget is spent.
+    broker restart or a slow cluster then is a wait, not an exit. Other errors propagate at once.
+
+    Raises:
+        ClusterUnreachableError: still failing on a transient fault when the budget (the setting named)
+            was spent, as when the cluster does not answer at all (exit code 5).
     """
-    return _retrying(is_transient, budget_s, what=what, first_s=0.5, most_s=5.0)(op)
+    try:
+        return _retrying(is_transient, budget_s, what=what, first_s=0.5, most_s=5.0)(op)
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        raise ClusterUnreachableError(
+            f"{what} did not succeed within {budget_s:g} s at start-up ({setting}): {exc}"
+        ) from exc
 
 
 def _retrying(

@@ -7,7 +7,13 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from ferryman.errors import AuthorizationError, ConfigError, FerrymanError, KafkaOperationError
+from ferryman.errors import (
+    AuthorizationError,
+    ClusterUnreachableError,
+    ConfigError,
+    FerrymanError,
+    KafkaOperationError,
+)
 from ferryman.kafka_errors import (
     ErrorClass,
     authorization_error,
@@ -336,7 +342,10 @@ def test_wait_out_transient_repeats_a_start_up_step_through_a_slow_cluster_and_l
             raise KafkaOperationError("describe topic x: no answer within 30 s", TimeoutError())
         return "made"
 
-    assert wait_out_transient(slow_then_fine, what="making topics", budget_s=30) == "made"
+    assert (
+        wait_out_transient(slow_then_fine, what="making topics", budget_s=30, setting="deduper.startup_timeout_s")
+        == "made"
+    )
     assert len(calls) == 3
 
     def refused() -> None:
@@ -345,16 +354,20 @@ def test_wait_out_transient_repeats_a_start_up_step_through_a_slow_cluster_and_l
 
     calls.clear()
     with pytest.raises(ConfigError):
-        wait_out_transient(refused, what="making topics", budget_s=30)
+        wait_out_transient(refused, what="making topics", budget_s=30, setting="deduper.startup_timeout_s")
     assert len(calls) == 1  # never repeated
 
     def always_slow() -> None:
         raise KafkaOperationError("describe topic x: no answer within 30 s", TimeoutError())
 
     started = time.monotonic()
-    with pytest.raises(KafkaOperationError):
-        wait_out_transient(always_slow, what="making topics", budget_s=1.0)
+    with pytest.raises(ClusterUnreachableError) as spent:  # exit code 5, as when the cluster never answered
+        wait_out_transient(always_slow, what="making topics", budget_s=1.0, setting="deduper.startup_timeout_s")
     assert time.monotonic() - started < 5.0  # the budget bounds the wait
+    assert str(spent.value) == (
+        "making topics did not succeed within 1 s at start-up (deduper.startup_timeout_s): "
+        "describe topic x: no answer within 30 s"
+    )
 
 
 def test_each_wait_is_logged_with_the_step_it_repeats(caplog: pytest.LogCaptureFixture) -> None:
@@ -367,7 +380,12 @@ def test_each_wait_is_logged_with_the_step_it_repeats(caplog: pytest.LogCaptureF
         return "made"
 
     with caplog.at_level(logging.WARNING, logger="ferryman.kafka_errors"):
-        assert wait_out_transient(slow_once, what="making the internal topics", budget_s=30) == "made"
+        assert (
+            wait_out_transient(
+                slow_once, what="making the internal topics", budget_s=30, setting="deduper.startup_timeout_s"
+            )
+            == "made"
+        )
     [line] = [r.getMessage() for r in caplog.records]
     # The step, the error (a bare TimeoutError adds no ": " of its own), the wait and what is left of the budget.
     assert line.startswith(

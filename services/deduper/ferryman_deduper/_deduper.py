@@ -66,6 +66,8 @@ from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
 
 _log = logging.getLogger(__name__)
+#: What bounds the start-up steps' waits (named in the error when it is spent).
+_STARTUP_SETTING = "deduper.startup_timeout_s"
 
 _ADMIN_TIMEOUT_S = 30.0
 #: Upper bound of the commit-cost-driven transaction length (see _commit_cost_budget).
@@ -352,12 +354,21 @@ class Deduper:
                 ),
                 what="reading the brokers' transaction.max.timeout.ms",
                 budget_s=budget_s,
+                setting=_STARTUP_SETTING,
             )
-        wait_out_transient(lambda: self._ensure_topics(admin), what="making the internal topics", budget_s=budget_s)
+        wait_out_transient(
+            lambda: self._ensure_topics(admin),
+            what="making the internal topics",
+            budget_s=budget_s,
+            setting=_STARTUP_SETTING,
+        )
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
         self._flow = wait_out_transient(
-            lambda: seed_and_check(self._registry, flow), what="seeding the flow store", budget_s=budget_s
+            lambda: seed_and_check(self._registry, flow),
+            what="seeding the flow store",
+            budget_s=budget_s,
+            setting=_STARTUP_SETTING,
         )
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(

@@ -66,6 +66,8 @@ from ferryman_wrapper._status import WrapperStatus, WrapperStatusServicer
 from ferryman_wrapper._traces import WrapperTraces
 
 _log = logging.getLogger(__name__)
+#: What bounds the start-up steps' waits (named in the error when it is spent).
+_STARTUP_SETTING = "wrapper.startup_timeout_s"
 
 #: Admin/metadata calls are small; 30 s covers a leader election on the way.
 _ADMIN_TIMEOUT_S = 30.0
@@ -278,13 +280,21 @@ class Wrapper:
         # A broker restart or a slow cluster right after both first answered is waited out, not an exit.
         budget_s = self._wc.startup_timeout_s
         self._cluster_id = wait_out_transient(
-            lambda: topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S), what="reading the source's id", budget_s=budget_s
+            lambda: topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S),
+            what="reading the source's id",
+            budget_s=budget_s,
+            setting=_STARTUP_SETTING,
         )
-        wait_out_transient(self._staging.ensure, what="making the staging and topic-spec topics", budget_s=budget_s)
+        wait_out_transient(
+            self._staging.ensure,
+            what="making the staging and topic-spec topics",
+            budget_s=budget_s,
+            setting=_STARTUP_SETTING,
+        )
         store = FlowStore(self._flow.target, self._target, client_id=f"{self.wrapper_id}-flows")
         flow = self._flow
         self._flow = wait_out_transient(
-            lambda: stored_or(store, flow), what="reading the flow store", budget_s=budget_s
+            lambda: stored_or(store, flow), what="reading the flow store", budget_s=budget_s, setting=_STARTUP_SETTING
         )
         self._live = LiveFlow(self._target, self._flow, client_id=f"{self.wrapper_id}-flows")
         self._clients.start_producer()
