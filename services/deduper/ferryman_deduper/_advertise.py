@@ -13,9 +13,6 @@ import time
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.admin import AdminClient
-from ferryman import topics
-from ferryman.advertisement import dedupers_topic
 from ferryman.naming import FlowNames
 from ferryman.v1 import state_pb2
 
@@ -75,13 +72,8 @@ class Advertiser:
         """The advertised address."""
         return self._ad.address
 
-    def start(self, admin: AdminClient, timeout_s: float) -> None:
-        """Create the dedupers topic if missing, then advertise now and every interval.
-
-        Raises:
-            TopicShapeError: the topic exists with another shape, or could not be created.
-        """
-        topics.ensure_internal_topics(admin, [dedupers_topic(self._names)], timeout_s)
+    def start(self) -> None:
+        """Advertise now and every interval (the deduper's start-up made the dedupers topic)."""
         _log.info("advertising %s in %s every %.1f s", self._ad.address, self._names.dedupers_topic, self._interval_s)
         self._thread.start()
 

@@ -35,7 +35,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, preflight, rowproduce, topics
-from ferryman.advertisement import advertised_address
+from ferryman.advertisement import advertised_address, dedupers_topic
 from ferryman.audit_verdicts import VerdictFollower
 from ferryman.client_config import base_config, connected_producer, data_producer_config, streaming_consumer_config
 from ferryman.config import FerrymanConfig, FlowConfig
@@ -281,6 +281,7 @@ class Deduper:
         wanted.append(InternalTopic(self._names.dlq_topic, n, dlq_configs, "dead-letter"))
         if self._flow.emit_offset_mappings:
             wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
+        wanted.append(dedupers_topic(self._names))  # where the Advertiser writes
         topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s)
 
     # -------------------------------------------------------------- lifecycle
@@ -435,7 +436,7 @@ class Deduper:
             producer_config=self._client_conf("advertise"),
         )
         try:
-            advertiser.start(admin, _ADMIN_TIMEOUT_S)
+            advertiser.start()
             self._loop()
             self._server.begin_drain()
             if self._recovery is None:

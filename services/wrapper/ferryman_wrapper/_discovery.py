@@ -16,9 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from ferryman import topics
-from ferryman.advertisement import dedupers_topic, is_live
+from ferryman.advertisement import is_live
 from ferryman.naming import FlowNames
 from ferryman.v1 import state_pb2
 from google.protobuf.message import DecodeError
@@ -68,13 +66,8 @@ class DeduperDiscovery:
         self._thread = threading.Thread(target=self._run, name="deduper-discovery", daemon=True)
         self._consumer: Consumer | None = None
 
-    def start(self, admin: AdminClient, timeout_s: float) -> None:
-        """Create the dedupers topic if missing (a wrapper may start first) and start following it.
-
-        Raises:
-            TopicShapeError: the topic exists with another shape, or could not be created.
-        """
-        topics.ensure_internal_topics(admin, [dedupers_topic(self._names)], timeout_s)
+    def start(self) -> None:
+        """Start following the dedupers topic (the wrapper's start-up made it: a wrapper may start first)."""
         self._consumer = Consumer(self._consumer_config)
         self._consumer.assign([TopicPartition(self._names.dedupers_topic, 0, OFFSET_BEGINNING)])
         _log.info("discovering dedupers in %s", self._names.dedupers_topic)

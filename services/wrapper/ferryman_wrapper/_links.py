@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 from ferryman import protocol
 from ferryman.client_config import base_config
 from ferryman.config import ClusterConfig, FlowConfig, RpcConfig, WrapperConfig
@@ -54,7 +53,6 @@ class DeduperLinks:
         consumer: Callable[[], Consumer],
         target_health: ClusterHealth,
         tracing: Tracing | None,
-        timeout_s: float,
     ) -> None:
         """Prepare (no link is started before start()).
 
@@ -72,7 +70,6 @@ class DeduperLinks:
             consumer: the current source consumer (paused and resumed, its log end offsets).
             target_health: the staging cluster's health (reads are paused while it is unreachable).
             tracing: the process's tracing (None: off).
-            timeout_s: budget of one admin call (the discovery's start).
         """
         self._source = source
         self._target = target
@@ -87,7 +84,6 @@ class DeduperLinks:
         self._consumer = consumer
         self._target_health = target_health
         self._tracing = tracing
-        self._timeout_s = timeout_s
         self.pause_wanted: tuple[bool, str] = (False, "")
         self.paused = False
         self.watermarks: dict[PartitionKey, control_pb2.PartitionWatermark] = {}
@@ -97,7 +93,7 @@ class DeduperLinks:
         self.progress_snapshot: list[control_pb2.PartitionProgress] = []
         self.resender: ResendWorker
 
-    def start(self, target_admin: AdminClient) -> None:
+    def start(self) -> None:
         """Start the resend worker, a link per listed deduper (or the discovery), and send spec changes."""
         self.resender = ResendWorker(
             consumer_config={
@@ -124,7 +120,7 @@ class DeduperLinks:
                 make_link=self._new_link,
                 links=self.links,
             )
-            self._finder.start(target_admin, self._timeout_s)
+            self._finder.start()
         self._specs().on_change = self._send_specs
 
     def stop(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, topics
+from ferryman.advertisement import dedupers_topic
 from ferryman.client_config import base_config
 from ferryman.config import ClusterConfig, FlowConfig, WrapperConfig
 from ferryman.naming import FlowNames
@@ -84,6 +85,8 @@ class StagingTopics:
             ),
             InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
         ]
+        if not self._wc.deduper_addresses and self._wc.discover_dedupers:
+            wanted.append(dedupers_topic(self._names))  # followed by the deduper discovery
         topics.ensure_internal_topics(
             self._admin(), wanted, self._timeout_s, visible_budget_s=self._wc.startup_timeout_s
         )

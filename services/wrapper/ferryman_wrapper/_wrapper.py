@@ -178,7 +178,6 @@ class Wrapper:
             consumer=lambda: self._clients.consumer,
             target_health=self.target_health,
             tracing=self._tracing,
-            timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._status = WrapperStatus(
             wrapper_id=self.wrapper_id,
@@ -287,7 +286,7 @@ class Wrapper:
         )
         wait_out_transient(
             self._staging.ensure,
-            what="making the staging and topic-spec topics",
+            what="making the internal topics",
             budget_s=budget_s,
             setting=_STARTUP_SETTING,
         )
@@ -308,7 +307,7 @@ class Wrapper:
             timeout_s=_ADMIN_TIMEOUT_S,
         )
         self._clients.start_consumer()
-        self._dedupers.start(self._target_admin)
+        self._dedupers.start()
         _log.info(
             "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s, checksum %s",
             self.wrapper_id,
