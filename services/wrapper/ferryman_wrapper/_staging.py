@@ -68,7 +68,11 @@ class StagingTopics:
         self._timeout_s = timeout_s
 
     def ensure(self) -> None:
-        """Make the staging and topic-spec topics if missing; check the shape of both (raises if wrong)."""
+        """Make the staging, topic-spec and (when discovering) dedupers topics if missing; check their shape.
+
+        Raises:
+            TopicShapeError: a topic exists with another shape.
+        """
         flow = self._flow()
         staging_configs = {
             "cleanup.policy": "delete",
