@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -66,8 +67,6 @@ from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
 
 _log = logging.getLogger(__name__)
-#: What bounds the start-up steps' waits (named in the error when it is spent).
-_STARTUP_SETTING = "deduper.startup_timeout_s"
 
 _ADMIN_TIMEOUT_S = 30.0
 #: Upper bound of the commit-cost-driven transaction length (see _commit_cost_budget).
@@ -347,29 +346,23 @@ class Deduper:
         admin = AdminClient(self._client_conf("admin"))
         wait_until_reachable(admin, self._flow.target, self._target, self._dc.startup_timeout_s)
         # A broker restart or a slow destination right after it first answered is waited out, not an exit.
-        budget_s = self._dc.startup_timeout_s
+        step = partial(wait_out_transient, budget_s=self._dc.startup_timeout_s, setting="deduper.startup_timeout_s")
         if self._eos:
-            wait_out_transient(
+            step(
                 lambda: preflight.check_transaction_timeout(
                     admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
                 ),
                 what="reading the brokers' transaction.max.timeout.ms",
-                budget_s=budget_s,
-                setting=_STARTUP_SETTING,
             )
-        wait_out_transient(
+        step(
             lambda: self._ensure_topics(admin),
             what="making the internal topics",
-            budget_s=budget_s,
-            setting=_STARTUP_SETTING,
         )
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
-        self._flow = wait_out_transient(
+        self._flow = step(
             lambda: seed_and_check(self._registry, flow),
             what="seeding the flow store",
-            budget_s=budget_s,
-            setting=_STARTUP_SETTING,
         )
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(

@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from functools import partial
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -66,8 +67,6 @@ from ferryman_wrapper._status import WrapperStatus, WrapperStatusServicer
 from ferryman_wrapper._traces import WrapperTraces
 
 _log = logging.getLogger(__name__)
-#: What bounds the start-up steps' waits (named in the error when it is spent).
-_STARTUP_SETTING = "wrapper.startup_timeout_s"
 
 #: Admin/metadata calls are small; 30 s covers a leader election on the way.
 _ADMIN_TIMEOUT_S = 30.0
@@ -277,24 +276,18 @@ class Wrapper:
         wait_until_reachable(source_admin, self._flow.source, self._source, self._wc.startup_timeout_s)
         wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
         # A broker restart or a slow cluster right after both first answered is waited out, not an exit.
-        budget_s = self._wc.startup_timeout_s
-        self._cluster_id = wait_out_transient(
+        step = partial(wait_out_transient, budget_s=self._wc.startup_timeout_s, setting="wrapper.startup_timeout_s")
+        self._cluster_id = step(
             lambda: topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S),
             what="reading the source's id",
-            budget_s=budget_s,
-            setting=_STARTUP_SETTING,
         )
-        wait_out_transient(
+        step(
             self._staging.ensure,
             what="making the internal topics",
-            budget_s=budget_s,
-            setting=_STARTUP_SETTING,
         )
         store = FlowStore(self._flow.target, self._target, client_id=f"{self.wrapper_id}-flows")
         flow = self._flow
-        self._flow = wait_out_transient(
-            lambda: stored_or(store, flow), what="reading the flow store", budget_s=budget_s, setting=_STARTUP_SETTING
-        )
+        self._flow = step(lambda: stored_or(store, flow), what="reading the flow store")
         self._live = LiveFlow(self._target, self._flow, client_id=f"{self.wrapper_id}-flows")
         self._clients.start_producer()
         self._specs = SpecPublisher(
