@@ -329,7 +329,8 @@ class DeduperConfig(_Model, frozen=True):
     older than this. Must exceed interval + worst-case commit time; read_committed
     readers of the destination wait at most this long behind a stuck transaction."""
     operation_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
-    """Budget for one flush/commit/abort call including retries (init_transactions: 4x). Each
+    """Budget for one flush/commit/abort call including retries (a rebuilt producer's init_transactions: 4x;
+    at start-up ``startup_timeout_s``). Each
     attempt has a 3 s librdkafka timeout and a deadline that holds (a watchdog abandons and
     replaces a producer whose call overruns it); a budget that runs out rewinds to the last
     commit and retries with backoff, it never stops the deduper."""
@@ -377,8 +378,8 @@ class DeduperConfig(_Model, frozen=True):
     startup_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     """How long the deduper waits at start-up for the destination cluster to answer before it
     exits (code 5, naming the cluster), and then for each start-up step (the brokers' settings,
-    its internal topics, the flow store) to get past a transient fault. Once running, an outage
-    of any length is waited out."""
+    its internal topics, the flow store, init_transactions) to get past a transient fault. Once
+    running, an outage of any length is waited out."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.instance_id):

@@ -265,6 +265,47 @@ def test_a_broker_restart_is_ridden_through(
         assert recovery_s <= RECOVERY_GOAL_S, f"work resumed {recovery_s:.1f} s after the broker was back"
 
 
+#: The start-up test's deduper.operation_timeout_s: init_transactions got 4x this, then the deduper exited.
+START_OPERATION_TIMEOUT_S = 1.0
+#: How long the destination stays down while that deduper's first init_transactions runs: past 4x the above.
+START_DOWN_S = 12.0
+
+
+def test_a_destination_down_while_the_deduper_initialises_transactions_is_waited_out(
+    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The destination's broker dies as a starting deduper calls init_transactions and stays down past that
+    call's own budget: the deduper waits within deduper.startup_timeout_s, then copies exactly once.
+
+    It used to exit 1 ("init_transactions did not succeed within 4s"): the call's budget was
+    operation_timeout_s x 4 whatever the start-up budget, the last start-up step outside it.
+    """
+    topic = unique_name("initdown")
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    marker = tmp_path / "held"
+    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=1500, rate_per_s=600)
+    with running_flow(
+        pair.source,
+        pair.destination,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        deduper={"operation_timeout_s": START_OPERATION_TIMEOUT_S},
+        deduper_env=hold_env("init_transactions", marker, after=1),
+    ) as flow:
+        producer.start()
+        wait_until(marker.exists, 120, message="the deduper's first init_transactions reached and held")
+        assert flow.deduper.proc is not None
+        pair.destination.kill()
+        flow.deduper.proc.send_signal(signal.SIGUSR1)  # the call runs against the dead broker
+        time.sleep(START_DOWN_S)  # the outage itself: nothing to wait for
+        assert flow.deduper.alive, f"deduper exited:\n{flow.deduper.output()[-4000:]}"
+        pair.destination.restart()
+        flow.deduper.wait_for_log("ready (now own", 120)
+        assert "initialising transactions failed" in flow.deduper.output()  # it waited, and said so
+        check_copy(pair, flow, topic, producer)
+
+
 @pytest.mark.parametrize(
     ("per_partition", "rate_per_s", "bounces_each", "kills_each", "seed"),
     [

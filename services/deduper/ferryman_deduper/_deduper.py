@@ -375,7 +375,7 @@ class Deduper:
             flow_wrote=self._flow_wrote,
         )
         self._destinations.apply_flow(self._flow)
-        self._txn.start()
+        step(self._txn.start, what="initialising transactions")
         self._data = DataPath(
             flow=self._flow,
             names=self._names,

@@ -112,7 +112,8 @@ class Transaction:
         self._health = health
         self._watchdog = Watchdog("destination-producer")
         self.stats = TransactionStats()
-        self.producer: Producer
+        self.producer: Producer  # made by start()
+        self._producer_made = False
         self.direct = False
         """Whether rows go to librdkafka directly (``rowproduce.adopts``) for the current producer."""
         self.open = False
@@ -154,9 +155,22 @@ class Transaction:
 
     # ------------------------------------------------------------- producer
     def start(self) -> None:
-        """Build the producer and initialise transactions (exactly-once)."""
-        self.producer, self.direct = self._make_producer()
-        self._init_transactions()
+        """Build the producer and initialise its transactions (exactly-once): one attempt.
+
+        Repeatable: start-up runs it as a step that waits out transient faults within
+        ``deduper.startup_timeout_s`` (a destination broker down as the deduper starts), not within the
+        call's own budget. A producer the last attempt left unusable (a fatal error, a call the watchdog
+        abandoned) is replaced first.
+        """
+        if self._rebuild_due or not self._producer_made:
+            self._new_producer()
+        try:
+            self._init_transactions(budget_s=None)
+        except KafkaException as exc:
+            if classify(exc) is not ErrorClass.RETRIABLE:  # retried on the same producer, as librdkafka allows
+                self._rebuild_due = True
+            raise
+        self._rebuild_due = False
 
     def on_producer_error(self, err: KafkaError) -> None:
         """error_cb: keep a fatal error's real cause (later calls report a generic _FATAL)."""
@@ -185,11 +199,15 @@ class Transaction:
         """fn(timeout) under the watchdog, retriable errors retried within budget_s."""
         return retry_retriable(lambda: self.call(lambda: fn(CALL_TIMEOUT_S), what), what=what, budget_s=budget_s)
 
-    def _init_transactions(self) -> None:
+    def _init_transactions(self, *, budget_s: float | None) -> None:
+        """init_transactions, retried within budget_s (None: one attempt; the caller retries)."""
         if not self.exactly_once:
             return
         try:
-            self._retrying(self.producer.init_transactions, "init_transactions", self._dc.operation_timeout_s * 4)
+            if budget_s is None:
+                self.call(lambda: self.producer.init_transactions(CALL_TIMEOUT_S), "init_transactions")
+            else:
+                self._retrying(self.producer.init_transactions, "init_transactions", budget_s)
         except KafkaException as exc:
             # Before the fencing check: librdkafka files a missing transactional-id ACL under fencing.
             denied = authorization_error(exc, operation="use transactional id", resource=self.transactional_id)
@@ -241,9 +259,16 @@ class Transaction:
         self.stats.producer_rebuilds += 1
         self._rebuild_due = True
         _log.warning("rebuilding the destination producer (%s)", self.transactional_id)
-        old = self.producer
-        if not any(client is old for _w, client, _f in self._watchdog.abandoned):
-            old.purge()  # an abandoned producer is never touched again: a call of its may still be running
+        self._new_producer()
+        self._init_transactions(budget_s=self._dc.operation_timeout_s * 4)
+        self._rebuild_due = False
+
+    def _new_producer(self) -> None:
+        """Replace the producer (the first: make it); the old one is purged unless the watchdog abandoned it."""
+        if self._producer_made:
+            old = self.producer
+            if not any(client is old for _w, client, _f in self._watchdog.abandoned):
+                old.purge()  # an abandoned producer is never touched again: a call of its may still be running
         if self._watchdog.exhausted:
             raise KafkaOperationError(
                 "destination producer",
@@ -251,8 +276,7 @@ class Transaction:
             )
         self.producer_fatal = None
         self.producer, self.direct = self._make_producer()
-        self._init_transactions()
-        self._rebuild_due = False
+        self._producer_made = True
 
     # ------------------------------------------------------------ lifecycle
     def begin(self) -> None:

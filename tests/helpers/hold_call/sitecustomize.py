@@ -4,8 +4,8 @@ A test puts this directory first on ``PYTHONPATH`` of one service process, with
 ``FERRYMAN_TEST_HOLD_CALL`` naming the call and ``FERRYMAN_TEST_HOLD_MARKER`` a
 marker file:
 
-* ``commit_transaction``, ``send_offsets_to_transaction``: the deduper's
-  transactional call of that name (``Transaction.call``);
+* ``commit_transaction``, ``send_offsets_to_transaction``, ``init_transactions``:
+  the deduper's transactional call of that name (``Transaction.call``);
 * ``source-commit``: the wrapper's periodic source offset commit;
 * ``revoke-commit-wedged``: the wrapper's first hand-over commit of revoked
   partitions (in the rebalance callback); once released it is not made and the
