@@ -393,12 +393,14 @@ class FerrymanAdmin:
             try:
                 return call(max(deadline - time.monotonic(), 0.001))
             except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else None
-                if code != grpc.StatusCode.UNAVAILABLE or attempt >= len(_RETRY_BACKOFF_S):
-                    raise _translate(exc) from None
+                error = _translate(exc)
+                # A Ferryman server that answers UNAVAILABLE with a reason has waited for what it lacks (its
+                # cluster, within this deadline) already: only a server not answering at all is asked again.
+                if error.code != grpc.StatusCode.UNAVAILABLE or error.reason or attempt >= len(_RETRY_BACKOFF_S):
+                    raise error from None
                 backoff_s = _RETRY_BACKOFF_S[attempt]
                 if time.monotonic() + backoff_s >= deadline:
-                    raise _translate(exc) from None
+                    raise error from None
             attempt += 1
             time.sleep(backoff_s)  # a retry's backoff, bounded by the call's deadline
 

@@ -22,22 +22,19 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from ferryman.kafka_errors import FenceWindow
 from ferryman.status import deduper_status
-from ferryman_local import LocalCluster, start_clusters
 
-from tests.helpers.audit_cli import POLL_S, RUNS_BUDGET_S, STOP_BUDGET_S, scheduler, stored_runs
 from tests.helpers.grpc_clients import NOT_SERVING, SERVING, health, local
-from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.restarts import Pair, bounce, check_copy, grpc_port
 from tests.helpers.services import RunningFlow, ServiceProcess, hold_env, running_flow
 from tests.helpers.streams import SequenceProducer
 
@@ -52,24 +49,6 @@ RECOVERY_GOAL_S = 30.0
 DOWN_S = (1.5, 4.0)
 
 
-@dataclass
-class Pair:
-    """The module's own source and destination clusters."""
-
-    source: LocalCluster
-    destination: LocalCluster
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    clusters = start_clusters(["bsource", "bdestination"], base_dir=tmp_path_factory.mktemp("bounce"))
-    try:
-        yield Pair(clusters[0], clusters[1])
-    finally:
-        for c in clusters:
-            c.stop()
-
-
 def destination_position(bootstrap: str, topic: str) -> int:
     """Sum of the topic's last stable offsets: it moves on with every committed transaction."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
@@ -79,18 +58,6 @@ def destination_position(bootstrap: str, topic: str) -> int:
         return -1  # the destination is down, or the topic not there yet
     finally:
         consumer.close()
-
-
-def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:
-    """Crash (SIGKILL) or stop (SIGTERM) the broker, restart it after down_s; return when it was ready."""
-    if how is signal.SIGKILL:
-        cluster.kill()
-    else:
-        cluster.stop()
-    _log.info("%s broker down (%s) for %.1f s", cluster.name, how.name, down_s)
-    time.sleep(down_s)  # the outage itself: nothing to wait for
-    cluster.restart()
-    return time.monotonic()
 
 
 def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceProducer, flow: RunningFlow) -> float:
@@ -121,32 +88,10 @@ def await_recovery(bootstrap: str, topic: str, since: float, producer: SequenceP
     return time.monotonic() - since
 
 
-def grpc_port(proc: ServiceProcess) -> int:
-    """The gRPC port a service bound (it logs it at start)."""
-    match = re.search(r"gRPC server listening on port (\d+)", proc.output())
-    assert match is not None, proc.output()[-2000:]
-    return int(match.group(1))
-
-
 def deduper_availability(proc: ServiceProcess) -> tuple[int, str]:
     """The deduper's gRPC health and the reason its status gives for being unavailable."""
     address = local(grpc_port(proc))
     return health(address), deduper_status(address).unavailable_reason
-
-
-def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProducer) -> None:
-    producer.join(180)
-    assert producer.error is None, producer.error
-    src = read_all(pair.source.bootstrap_servers, topic)
-    expected = sum(len(v) for v in src.values())
-    assert expected == producer.sent
-    dst = read_all(pair.destination.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=180)
-    assert_exact_copy(src, dst)
-    for proc in (flow.wrapper, flow.deduper):
-        assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
-        assert proc.starts == 1
-    assert flow.wrapper.terminate() == 0
-    assert flow.deduper.terminate() == 0
 
 
 CASES = [
@@ -264,99 +209,6 @@ def test_a_broker_restart_is_ridden_through(
         )
         check_copy(pair, flow, topic, producer)
         assert recovery_s <= RECOVERY_GOAL_S, f"work resumed {recovery_s:.1f} s after the broker was back"
-
-
-#: The start-up test's deduper.operation_timeout_s: init_transactions got 4x this, then the deduper exited.
-START_OPERATION_TIMEOUT_S = 1.0
-#: How long the destination stays down while that deduper's first init_transactions runs: past 4x the above.
-START_DOWN_S = 12.0
-
-
-def test_a_destination_down_while_the_deduper_initialises_transactions_is_waited_out(
-    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    """The destination's broker dies as a starting deduper calls init_transactions and stays down past that
-    call's own budget: the deduper waits within deduper.startup_timeout_s, then copies exactly once.
-
-    It used to exit 1 ("init_transactions did not succeed within 4s"): the call's budget was
-    operation_timeout_s x 4 whatever the start-up budget, the last start-up step outside it.
-    """
-    topic = unique_name("initdown")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
-    marker = tmp_path / "held"
-    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=1500, rate_per_s=600)
-    with running_flow(
-        pair.source,
-        pair.destination,
-        tmp_path,
-        flow=unique_name("flow"),
-        topics=[topic],
-        deduper={"operation_timeout_s": START_OPERATION_TIMEOUT_S},
-        deduper_env=hold_env("init_transactions", marker, after=1),
-    ) as flow:
-        producer.start()
-        wait_until(marker.exists, 120, message="the deduper's first init_transactions reached and held")
-        assert flow.deduper.proc is not None
-        pair.destination.kill()
-        flow.deduper.proc.send_signal(signal.SIGUSR1)  # the call runs against the dead broker
-        time.sleep(START_DOWN_S)  # the outage itself: nothing to wait for
-        assert flow.deduper.alive, f"deduper exited:\n{flow.deduper.output()[-4000:]}"
-        pair.destination.restart()
-        flow.deduper.wait_for_log("ready (now own", 120)
-        assert "initialising transactions failed" in flow.deduper.output()  # it waited, and said so
-        check_copy(pair, flow, topic, producer)
-
-
-#: Records per partition before the audit scheduler starts, and while it runs (after the restarts).
-AUDITED_FIRST, AUDITED_MORE = 300, 50
-
-
-def test_the_audit_scheduler_rides_through_broker_restarts(
-    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    """A broker of each cluster killed and restarted under a scheduler that audits every second.
-
-    A run that meets the outage cannot run (logged, retried at the next interval) or waits it out; the
-    scheduler stays up, later runs check every record exactly once, and SIGTERM still ends it with 0.
-    """
-    topic = unique_name("audited")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
-    produce_sequences(pair.source.bootstrap_servers, topic, PARTITIONS, AUDITED_FIRST)
-    total = PARTITIONS * (AUDITED_FIRST + AUDITED_MORE)
-    log = tmp_path / "schedule.log"
-    with running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
-        dest = f"src.{topic}"
-        read_all(pair.destination.bootstrap_servers, dest, expected=PARTITIONS * AUDITED_FIRST, timeout_s=120)
-        with scheduler(flow.config, log, "--interval-s", "1") as proc:
-            wait_until(lambda: stored_runs(flow.config), RUNS_BUDGET_S, POLL_S, "the first run")
-            for cluster in (pair.destination, pair.source):
-                bounce(cluster, signal.SIGKILL, DOWN_S[1])
-                assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
-            produce_sequences(pair.source.bootstrap_servers, topic, PARTITIONS, AUDITED_MORE, start=AUDITED_FIRST)
-            wait_until(
-                lambda: sum(r["expected"] for r in stored_runs(flow.config)) >= total,
-                RUNS_BUDGET_S,
-                POLL_S,
-                "runs that checked the records written after the restarts",
-            )
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(STOP_BUDGET_S)
-        stored = stored_runs(flow.config)
-        src = read_all(pair.source.bootstrap_servers, topic)
-        assert_exact_copy(src, read_all(pair.destination.bootstrap_servers, dest, expected=total, timeout_s=180))
-        for service in (flow.wrapper, flow.deduper):
-            assert service.alive, f"{service.kind} exited:\n{service.output()[-4000:]}"
-    output = log.read_text(errors="replace")
-    assert code == 0, output[-4000:]
-    assert all(r["verdict"] == "EXACTLY_ONCE" for r in stored), stored
-    assert sum(r["expected"] for r in stored) == total  # no record checked twice, none skipped
-    assert all(r["found"] == r["expected"] for r in stored)
-    assert "Traceback" not in output
-    _log.info(
-        "audit scheduler across two broker restarts: %d runs stored, %d could not run",
-        len(stored),
-        output.count("could not run (retried at the next interval)"),
-    )
 
 
 @pytest.mark.parametrize(

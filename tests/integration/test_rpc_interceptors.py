@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import pytest
+from ferryman.admin import FerrymanAdmin, ServiceUnavailableError
 from ferryman.config import RpcConfig, SecretStr
 from ferryman.errors import (
     ConfigError,
@@ -375,3 +376,28 @@ def test_unauthenticated_calls_create_no_span(spans: tuple[TracerProvider, _Span
     ):
         status_call(channel)
     assert log.server_spans() == []
+
+
+@pytest.mark.parametrize(
+    ("unavailable", "calls"),
+    [
+        # A Ferryman server saying what it lacks (its cluster did not answer within the call's deadline) has
+        # waited already: asking again would only meet the caller's own deadline instead of that answer.
+        (KafkaOperationError("reading the flow store of cluster 'dst'", RuntimeError("no answer")), 1),
+        # UNAVAILABLE with no reason (a server shutting down, a connection being set up): asked again.
+        (grpc.StatusCode.UNAVAILABLE, 4),
+    ],
+    ids=["with-a-reason", "bare"],
+)
+def test_the_admin_client_asks_again_only_on_an_unavailable_without_a_reason(
+    unavailable: KafkaOperationError | grpc.StatusCode, calls: int
+) -> None:
+    with running_server() as (server, servicer), FerrymanAdmin(f"127.0.0.1:{server.port}", timeout_s=10) as admin:
+        if isinstance(unavailable, grpc.StatusCode):
+            servicer.abort_code = unavailable
+        else:
+            servicer.fail_with = unavailable
+        with pytest.raises(ServiceUnavailableError) as info:
+            admin.deduper_status()
+    assert servicer.calls == calls
+    assert bool(info.value.reason) is (calls == 1)

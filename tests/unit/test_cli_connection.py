@@ -92,6 +92,18 @@ def test_each_status_code_has_one_exit_status(code: grpc.StatusCode, exit_status
     assert status == exit_status and "\n" not in line, (code, type(error).__name__, line)
 
 
+def test_an_unavailable_the_server_explains_is_not_worded_as_no_answer() -> None:
+    """A server that answered UNAVAILABLE with a reason (its cluster is down) is up: say so, exit 4 all the same."""
+    explained = ServiceUnavailableError(
+        "writing the flow store of cluster 'dst': no answer", grpc.StatusCode.UNAVAILABLE, "KAFKA_OPERATION_ERROR"
+    )
+    line, status = describe("h:1", explained, RpcConfig())
+    assert status == 4 and line.startswith("h:1 cannot serve the call now: ") and "flow store" in line
+    silent = ServiceUnavailableError("failed to connect", grpc.StatusCode.UNAVAILABLE)
+    line, status = describe("h:1", silent, RpcConfig())
+    assert status == 4 and line.startswith("no answer from h:1")
+
+
 def test_offset_map_records_are_matched_by_key_then_range() -> None:
     source = envelope_pb2.SourcePartition(topic="t", partition=2)
     mapping = offset_mapping(source, "src.t", 500, [10, 11, 12])

@@ -192,6 +192,8 @@ def describe(server: str, exc: AdminError, rpc: RpcConfig) -> tuple[str, int]:
     if isinstance(exc, TlsHandshakeError):
         return f"TLS with {server} failed (check --ca-file, --cert-file, --server-name): {exc}", EXIT_TLS
     if isinstance(exc, ServiceUnavailableError):
+        if exc.reason:  # the server answered, with a reason: what it needs is unavailable (its cluster, say)
+            return f"{server} cannot serve the call now: {exc}", EXIT_UNAVAILABLE
         hint = _closed_hint(rpc) if "Socket closed" in str(exc) else ""
         return f"no answer from {server}{hint}: {exc}", EXIT_UNAVAILABLE
     if isinstance(exc, AuthenticationError):

@@ -33,7 +33,7 @@ from ferryman.flows._model import (
     to_config,
     to_proto,
 )
-from ferryman.flows._store import Change, FlowStore
+from ferryman.flows._store import NO_DEADLINE, Change, Deadline, FlowStore
 from ferryman.v1 import flows_pb2
 
 _log = logging.getLogger(__name__)
@@ -70,23 +70,23 @@ class FlowRegistry:
         return self.store
 
     # ------------------------------------------------------------------ reads
-    def get(self, name: str) -> flows_pb2.Flow:
+    def get(self, name: str, deadline: Deadline = NO_DEADLINE) -> flows_pb2.Flow:
         """The stored flow name.
 
         Raises:
             FlowNotFoundError: none of that name.
         """
-        flows = self._own().read()
+        flows = self._own().read(deadline)
         if name not in flows:
             raise FlowNotFoundError(f"no flow named {name!r} in cluster {self.store_alias!r}")
         return flows[name]
 
-    def list_flows(self) -> list[flows_pb2.Flow]:
+    def list_flows(self, deadline: Deadline = NO_DEADLINE) -> list[flows_pb2.Flow]:
         """Every stored flow, by name."""
-        return by_name(self._own().read())
+        return by_name(self._own().read(deadline))
 
     # ----------------------------------------------------------------- writes
-    def create(self, flow: flows_pb2.Flow) -> flows_pb2.Flow:
+    def create(self, flow: flows_pb2.Flow, deadline: Deadline = NO_DEADLINE) -> flows_pb2.Flow:
         """Store a new flow.
 
         Raises:
@@ -99,7 +99,7 @@ class FlowRegistry:
             wanted.ClearField(name)  # output only, ignored in requests
         config = to_config(wanted)
         check_aliases(config, self._clusters, self.store_alias)
-        others = self._other_flows()
+        others = self._other_flows(deadline)
         result: list[flows_pb2.Flow] = []
 
         def change(flows: dict[str, flows_pb2.Flow]) -> Change:
@@ -110,10 +110,16 @@ class FlowRegistry:
             result.append(stored)
             return config.name, stored
 
-        self._own().write(change)
+        self._own().write(change, deadline)
         return result[-1]
 
-    def update(self, patch: flows_pb2.Flow, mask: field_mask_pb2.FieldMask, etag: str = "") -> flows_pb2.Flow:
+    def update(
+        self,
+        patch: flows_pb2.Flow,
+        mask: field_mask_pb2.FieldMask,
+        etag: str = "",
+        deadline: Deadline = NO_DEADLINE,
+    ) -> flows_pb2.Flow:
         """Change the masked fields of the flow patch.name (all fields for an empty mask).
 
         Raises:
@@ -125,7 +131,7 @@ class FlowRegistry:
         """
         if not patch.name:
             raise FlowFieldError("flow.name", "the flow to update must be named")
-        others = self._other_flows()
+        others = self._other_flows(deadline)
         result: list[flows_pb2.Flow] = []
 
         def change(flows: dict[str, flows_pb2.Flow]) -> Change:
@@ -148,10 +154,10 @@ class FlowRegistry:
             result.append(stored)
             return patch.name, stored
 
-        self._own().write(change)
+        self._own().write(change, deadline)
         return result[-1]
 
-    def delete(self, name: str, etag: str = "") -> None:
+    def delete(self, name: str, etag: str = "", deadline: Deadline = NO_DEADLINE) -> None:
         """Delete the flow name.
 
         Raises:
@@ -167,15 +173,17 @@ class FlowRegistry:
                 raise StaleEtagError(f"flow {name!r} changed since etag {etag!r} (now {current.etag!r}); read it again")
             return name, None
 
-        self._own().write(change)
+        self._own().write(change, deadline)
 
-    def set_paused(self, name: str, paused: bool) -> flows_pb2.Flow:
+    def set_paused(self, name: str, paused: bool, deadline: Deadline = NO_DEADLINE) -> flows_pb2.Flow:
         """Pause or resume the flow name (idempotent).
 
         Raises:
             FlowNotFoundError: no such flow.
         """
-        return self.update(flows_pb2.Flow(name=name, paused=paused), field_mask_pb2.FieldMask(paths=["paused"]))
+        return self.update(
+            flows_pb2.Flow(name=name, paused=paused), field_mask_pb2.FieldMask(paths=["paused"]), deadline=deadline
+        )
 
     def seed(self, config: FlowConfig) -> flows_pb2.Flow:
         """The stored flow of config's name, storing config first when the store has none.
@@ -209,13 +217,13 @@ class FlowRegistry:
         return result[-1]
 
     # ----------------------------------------------------------------- cycles
-    def _other_flows(self) -> list[FlowConfig]:
+    def _other_flows(self, deadline: Deadline) -> list[FlowConfig]:
         """The flows stored in the other clusters the server knows (those that have a store)."""
         out: list[FlowConfig] = []
         for alias, store in self._stores.items():
-            if alias == self.store_alias or not store.exists():
+            if alias == self.store_alias or not store.exists(deadline):
                 continue
-            for flow in store.read().values():
+            for flow in store.read(deadline).values():
                 try:
                     out.append(to_config(flow))
                 except FlowFieldError as exc:

@@ -17,9 +17,11 @@ for them, so a producer per write (~0.1-0.5 s) is an affordable price for that s
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -45,6 +47,30 @@ _FENCED_BACKOFF_S = 0.2
 
 #: The change a write makes: (flow name, new value or None to delete), or None to write nothing.
 Change = tuple[str, flows_pb2.Flow | None] | None
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the caller stops waiting (``time.monotonic()``): each Kafka call of the store gets what is left.
+
+    An admin call's (its gRPC deadline, less the time to answer): a store whose cluster is down then
+    answers UNAVAILABLE before the caller gives up, and a write it gave up on never lands later.
+    """
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadline:
+        """The deadline seconds from now (None: never)."""
+        return cls(math.inf if seconds is None else time.monotonic() + seconds)
+
+    def cap(self, timeout_s: float) -> float:
+        """timeout_s, or what is left of the deadline when that is less (0 once it passed)."""
+        return max(0.0, min(timeout_s, self.at - time.monotonic()))
+
+
+#: No deadline: each call gets the store's own timeout.
+NO_DEADLINE = Deadline(math.inf)
 
 
 def decode(records: dict[bytes, bytes | None]) -> dict[str, flows_pb2.Flow]:
@@ -97,29 +123,44 @@ class FlowStore:
             admin, [InternalTopic(FLOWS_TOPIC, 1, COMPACTED_TOPIC_CONFIGS, "flow store")], self._timeout_s
         )
 
-    def exists(self) -> bool:
+    def exists(self, deadline: Deadline = NO_DEADLINE) -> bool:
         """True when the cluster has a store topic (no store: no flows)."""
+        what = f"listing the topics of cluster {self.alias!r}"
         admin = AdminClient(base_config(self._cluster, f"{self._client_id}-flows-admin"))
         try:
             # Described, not looked up in a metadata request: that could auto-create the topic.
-            return FLOWS_TOPIC in topics.describe_topics(admin, [FLOWS_TOPIC], self._timeout_s)
+            return FLOWS_TOPIC in topics.describe_topics(admin, [FLOWS_TOPIC], self._timeout(deadline, what))
         except KafkaException as exc:
-            raise KafkaOperationError(f"listing the topics of cluster {self.alias!r}", exc) from exc
+            raise KafkaOperationError(what, exc) from exc
 
-    def read(self) -> dict[str, flows_pb2.Flow]:
+    def read(self, deadline: Deadline = NO_DEADLINE) -> dict[str, flows_pb2.Flow]:
         """Every flow committed to the store, by name.
 
         Raises:
             KafkaOperationError: the end of the store was not reached in time.
         """
+        what = f"reading the flow store of cluster {self.alias!r}"
         conf = base_config(self._cluster, f"{self._client_id}-flows-read")
         conf["group.id"] = "ferryman-flows-read"  # never commits: only satisfies librdkafka
         try:
-            return decode(read_compacted(conf, FLOWS_TOPIC, [0], self._timeout_s)[0])
+            return decode(read_compacted(conf, FLOWS_TOPIC, [0], self._timeout(deadline, what))[0])
         except KafkaException as exc:
-            raise KafkaOperationError(f"reading the flow store of cluster {self.alias!r}", exc) from exc
+            raise KafkaOperationError(what, exc) from exc
 
-    def write(self, change: Callable[[dict[str, flows_pb2.Flow]], Change]) -> dict[str, flows_pb2.Flow]:
+    def _timeout(self, deadline: Deadline, what: str) -> float:
+        """The timeout of one Kafka call: the store's own, or what is left of the caller's deadline.
+
+        Raises:
+            KafkaOperationError: the deadline has passed (UNAVAILABLE to an admin caller).
+        """
+        timeout_s = deadline.cap(self._timeout_s)
+        if timeout_s <= 0:
+            raise KafkaOperationError(what, TimeoutError("no answer within the call's deadline"))
+        return timeout_s
+
+    def write(
+        self, change: Callable[[dict[str, flows_pb2.Flow]], Change], deadline: Deadline = NO_DEADLINE
+    ) -> dict[str, flows_pb2.Flow]:
         """Apply change to the store, atomically with respect to every other writer.
 
         change gets the flows as committed at the moment this writer fenced the others and
@@ -131,13 +172,16 @@ class FlowStore:
 
         Raises:
             FlowStoreBusyError: other writers won every attempt.
-            KafkaOperationError: the cluster did not answer within the budget.
+            KafkaOperationError: the cluster did not answer within the budget or the deadline. Nothing
+                was written, unless the commit itself was cut short (said in the message): a write is
+                never retried past its deadline.
             Whatever change raised.
         """
+        what = f"writing the flow store of cluster {self.alias!r}"
         with self._lock:
             for attempt in range(_WRITE_ATTEMPTS):
                 try:
-                    return self._attempt(change)
+                    return self._attempt(change, deadline)
                 except KafkaException as exc:
                     # Before the fencing check: librdkafka files a missing transactional-id ACL as fatal.
                     denied = authorization_error(
@@ -145,16 +189,28 @@ class FlowStore:
                     )
                     if denied is not None:
                         raise denied from exc
-                    if not (_fenced(exc) or exc.args[0].retriable() or exc.args[0].txn_requires_abort()):
-                        raise KafkaOperationError(f"writing the flow store of cluster {self.alias!r}", exc) from exc
+                    fenced = _fenced(exc)
+                    if not (fenced or exc.args[0].retriable() or exc.args[0].txn_requires_abort()):
+                        raise KafkaOperationError(what, exc) from exc
+                    if not fenced and (attempt == _WRITE_ATTEMPTS - 1 or deadline.cap(1.0) <= 0):
+                        # The cluster did not answer (a broker down): not other writers, whatever the count.
+                        why = (
+                            "no answer within the call's deadline"
+                            if deadline.cap(1.0) <= 0
+                            else f"no success in {_WRITE_ATTEMPTS} attempts"
+                        )
+                        raise KafkaOperationError(f"{what}: {why}", exc) from exc
                     _log.info("flow store write %d fenced or interrupted (%s); reading again", attempt + 1, exc)
-                time.sleep(_FENCED_BACKOFF_S * (attempt + 1))  # let the winning write commit
+                time.sleep(deadline.cap(_FENCED_BACKOFF_S * (attempt + 1)))  # let the winning write commit
         raise FlowStoreBusyError(
             f"the flow store of cluster {self.alias!r} was written by others {_WRITE_ATTEMPTS} times during this "
             "write; try again"
         )
 
-    def _attempt(self, change: Callable[[dict[str, flows_pb2.Flow]], Change]) -> dict[str, flows_pb2.Flow]:
+    def _attempt(
+        self, change: Callable[[dict[str, flows_pb2.Flow]], Change], deadline: Deadline
+    ) -> dict[str, flows_pb2.Flow]:
+        what = f"writing the flow store of cluster {self.alias!r}"
         conf: dict[str, Any] = base_config(self._cluster, f"{self._client_id}-flows-write")
         conf.update(
             {
@@ -168,15 +224,23 @@ class FlowStore:
         )
         producer = Producer(conf)
         try:
-            producer.init_transactions(self._timeout_s)
-            flows = self.read()
+            producer.init_transactions(self._timeout(deadline, what))
+            flows = self.read(deadline)
             wanted = change(flows)
             if wanted is None:
                 return flows
             name, flow = wanted
             producer.begin_transaction()
             producer.produce(FLOWS_TOPIC, key=name.encode(), value=None if flow is None else flow.SerializeToString())
-            producer.commit_transaction(self._timeout_s)
+            try:
+                producer.commit_transaction(self._timeout(deadline, what))
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._TIMED_OUT:
+                    raise
+                # Cut short while committing: the coordinator may still complete it. Not retried.
+                raise KafkaOperationError(
+                    f"{what}: no answer to the commit in time; it may still be applied (read the flow again)", exc
+                ) from exc
         finally:
             producer.flush(0)
         if flow is None:

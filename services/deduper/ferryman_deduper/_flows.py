@@ -9,10 +9,22 @@ the field).
 from __future__ import annotations
 
 import grpc
-from ferryman.flows import FlowRegistry
+from ferryman.flows import Deadline, FlowRegistry
 from ferryman.v1 import flows_pb2, flows_pb2_grpc
 
 SERVICE_NAME = "ferryman.v1.FlowService"
+
+#: Time kept back from the caller's gRPC deadline for the answer to reach it: a store whose cluster
+#: is down answers UNAVAILABLE, saying so, rather than the caller's own DEADLINE_EXCEEDED.
+ANSWER_MARGIN_S = 1.0
+
+
+def call_deadline(context: grpc.ServicerContext) -> Deadline:
+    """The store's deadline for this call: the caller's, less the time to answer (a tenth of it at most)."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return Deadline.after(None)
+    return Deadline.after(remaining - min(ANSWER_MARGIN_S, remaining / 10))
 
 
 class FlowServicer(flows_pb2_grpc.FlowServiceServicer):
@@ -25,41 +37,43 @@ class FlowServicer(flows_pb2_grpc.FlowServiceServicer):
         self, request: flows_pb2.CreateFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.CreateFlowResponse:
         """Store a new flow."""
-        return flows_pb2.CreateFlowResponse(flow=self._registry.create(request.flow))
+        return flows_pb2.CreateFlowResponse(flow=self._registry.create(request.flow, call_deadline(context)))
 
     def GetFlow(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.GetFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.GetFlowResponse:
         """One flow."""
-        return flows_pb2.GetFlowResponse(flow=self._registry.get(request.name))
+        return flows_pb2.GetFlowResponse(flow=self._registry.get(request.name, call_deadline(context)))
 
     def ListFlows(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.ListFlowsRequest, context: grpc.ServicerContext
     ) -> flows_pb2.ListFlowsResponse:
         """Every flow, by name."""
-        return flows_pb2.ListFlowsResponse(flows=self._registry.list_flows())
+        return flows_pb2.ListFlowsResponse(flows=self._registry.list_flows(call_deadline(context)))
 
     def UpdateFlow(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.UpdateFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.UpdateFlowResponse:
         """Change the masked fields of a flow."""
-        return flows_pb2.UpdateFlowResponse(flow=self._registry.update(request.flow, request.update_mask, request.etag))
+        return flows_pb2.UpdateFlowResponse(
+            flow=self._registry.update(request.flow, request.update_mask, request.etag, call_deadline(context))
+        )
 
     def DeleteFlow(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.DeleteFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.DeleteFlowResponse:
         """Delete a flow."""
-        self._registry.delete(request.name, request.etag)
+        self._registry.delete(request.name, request.etag, call_deadline(context))
         return flows_pb2.DeleteFlowResponse()
 
     def PauseFlow(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.PauseFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.PauseFlowResponse:
         """Pause a flow."""
-        return flows_pb2.PauseFlowResponse(flow=self._registry.set_paused(request.name, True))
+        return flows_pb2.PauseFlowResponse(flow=self._registry.set_paused(request.name, True, call_deadline(context)))
 
     def ResumeFlow(  # noqa: N802 (gRPC method name)
         self, request: flows_pb2.ResumeFlowRequest, context: grpc.ServicerContext
     ) -> flows_pb2.ResumeFlowResponse:
         """Resume a flow."""
-        return flows_pb2.ResumeFlowResponse(flow=self._registry.set_paused(request.name, False))
+        return flows_pb2.ResumeFlowResponse(flow=self._registry.set_paused(request.name, False, call_deadline(context)))

@@ -1,0 +1,60 @@
+"""Broker restarts under running services, for the e2e tests that bounce a cluster pair of their own."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from dataclasses import dataclass
+
+from ferryman_local import LocalCluster
+
+from tests.helpers.kafka import assert_exact_copy, read_all
+from tests.helpers.services import RunningFlow, ServiceProcess
+from tests.helpers.streams import SequenceProducer
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pair:
+    """A module's own source and destination clusters (``tests/e2e/conftest.py``'s ``pair``)."""
+
+    source: LocalCluster
+    destination: LocalCluster
+
+
+def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:
+    """Crash (SIGKILL) or stop (SIGTERM) the broker, restart it after down_s; return when it was ready."""
+    if how is signal.SIGKILL:
+        cluster.kill()
+    else:
+        cluster.stop()
+    _log.info("%s broker down (%s) for %.1f s", cluster.name, how.name, down_s)
+    time.sleep(down_s)  # the outage itself: nothing to wait for
+    cluster.restart()
+    return time.monotonic()
+
+
+def grpc_port(proc: ServiceProcess) -> int:
+    """The gRPC port a service bound (it logs it at start)."""
+    match = re.search(r"gRPC server listening on port (\d+)", proc.output())
+    assert match is not None, proc.output()[-2000:]
+    return int(match.group(1))
+
+
+def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProducer) -> None:
+    """Once producer is done: the destination holds an exact copy, both services ran once and stop with 0."""
+    producer.join(180)
+    assert producer.error is None, producer.error
+    src = read_all(pair.source.bootstrap_servers, topic)
+    expected = sum(len(v) for v in src.values())
+    assert expected == producer.sent
+    dst = read_all(pair.destination.bootstrap_servers, f"src.{topic}", expected=expected, timeout_s=180)
+    assert_exact_copy(src, dst)
+    for proc in (flow.wrapper, flow.deduper):
+        assert proc.alive, f"{proc.kind} exited:\n{proc.output()[-4000:]}"
+        assert proc.starts == 1
+    assert flow.wrapper.terminate() == 0
+    assert flow.deduper.terminate() == 0

@@ -1,0 +1,43 @@
+"""The admin call's deadline as the flow store uses it: what each Kafka call gets, and what the servicer keeps back."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from ferryman.flows import Deadline
+from ferryman_deduper._flows import ANSWER_MARGIN_S, call_deadline
+
+
+class _Context:
+    """The one method of grpc.ServicerContext that call_deadline reads."""
+
+    def __init__(self, remaining: float | None) -> None:
+        self._remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self._remaining
+
+
+def test_a_call_gets_the_stores_own_timeout_or_what_is_left_when_that_is_less() -> None:
+    assert Deadline.after(None).cap(30.0) == 30.0
+    assert 4.0 < Deadline.after(5.0).cap(30.0) <= 5.0
+    assert Deadline.after(60.0).cap(30.0) == 30.0
+    assert Deadline(time.monotonic() - 1).cap(30.0) == 0.0  # passed: nothing left, never negative
+
+
+@pytest.mark.parametrize(
+    ("remaining", "budget"),
+    [
+        (None, math.inf),  # a caller with no deadline: the store's own timeouts only
+        (30.0, 30.0 - ANSWER_MARGIN_S),
+        (0.5, 0.45),  # a short deadline keeps a tenth back, not the whole margin
+    ],
+)
+def test_the_servicer_keeps_back_time_to_answer_before_the_callers_deadline(
+    remaining: float | None, budget: float
+) -> None:
+    deadline = call_deadline(_Context(remaining))  # type: ignore[arg-type]
+    left = deadline.at - time.monotonic()
+    assert left == budget if math.isinf(budget) else budget - 0.5 < left <= budget
