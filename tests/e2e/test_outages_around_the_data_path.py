@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from ferryman_local import LocalCluster, reserve_port
 
 from tests.helpers.audit_cli import POLL_S, RUNS_BUDGET_S, STOP_BUDGET_S, ferryman, scheduler, stored_runs
 from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
@@ -81,7 +82,9 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
     """A broker of each cluster killed and restarted under a scheduler that audits every second.
 
     A run that meets the outage cannot run (logged, retried at the next interval) or waits it out; the
-    scheduler stays up, later runs check every record exactly once, and SIGTERM still ends it with 0.
+    scheduler stays up, later runs check every record exactly once, and SIGTERM still ends it with 0. While
+    the destination is down its audit API answers ``audit list`` UNAVAILABLE, naming the audit topic, within
+    the call's deadline (exit 4, one line); once it is back it lists every stored run again.
     """
     topic = unique_name("audited")
     create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
@@ -91,11 +94,19 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
     with running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
         dest = f"src.{topic}"
         read_all(pair.destination.bootstrap_servers, dest, expected=PARTITIONS * AUDITED_FIRST, timeout_s=120)
-        with scheduler(flow.config, log, "--interval-s", "1") as proc:
+        api = f"127.0.0.1:{reserve_port()}"
+        with scheduler(flow.config, log, "--interval-s", "1", "--listen-address", api) as proc:
             wait_until(lambda: stored_runs(flow.config), RUNS_BUDGET_S, POLL_S, "the first run")
-            for cluster in (pair.destination, pair.source):
-                bounce(cluster, signal.SIGKILL, DOWN_S)
-                assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            # The destination down: its API cannot read the audit topic, and says so within the call's deadline.
+            refused, took_s = while_down(
+                pair.destination,
+                lambda: ferryman("audit", "list", "--server", api, "--timeout", str(API_TIMEOUT_S), "-o", "json"),
+                DOWN_S,
+            )
+            assert_refused_as_unavailable(refused, took_s, "reading the audit topic", API_TIMEOUT_S)
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            bounce(pair.source, signal.SIGKILL, DOWN_S)
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
             produce_sequences(pair.source.bootstrap_servers, topic, PARTITIONS, AUDITED_MORE, start=AUDITED_FIRST)
             wait_until(
                 lambda: sum(r["expected"] for r in stored_runs(flow.config)) >= total,
@@ -103,6 +114,10 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
                 POLL_S,
                 "runs that checked the records written after the restarts",
             )
+            stored_before = {r["run_id"] for r in stored_runs(flow.config)}
+            through_api = ferryman("audit", "list", "--server", api, "--limit", "0", "-o", "json")
+            assert through_api.returncode == 0, through_api.stderr  # the API serves again: the stored runs, and more
+            assert stored_before <= {r["run_id"] for r in json.loads(through_api.stdout)}
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(STOP_BUDGET_S)
         stored = stored_runs(flow.config)
@@ -122,6 +137,9 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
         output.count("could not run (retried at the next interval)"),
     )
 
+
+#: The deadline of ``audit list --server`` while the destination is down (the CLI's default is 5 s).
+API_TIMEOUT_S = 3.0
 
 #: The CLI's deadline in the admin API test: a call that cannot be served must say so within it.
 CLI_TIMEOUT_S = 10.0
@@ -143,24 +161,8 @@ def test_a_flow_change_while_the_destination_is_down_is_refused_as_unavailable_a
         flow.deduper.wait_for_log("ready (now own", 60)
         address = f"127.0.0.1:{grpc_port(flow.deduper)}"
         assert not json.loads(flows_cli("get", name, address=address).stdout)["paused"]
-        pair.destination.kill()
-        try:
-            started = time.monotonic()
-            refused = flows_cli("pause", name, address=address)
-            took_s = time.monotonic() - started
-        finally:
-            pair.destination.restart()
-        _log.info(
-            "flows pause with the destination down: exit %d after %.1f s: %s",
-            refused.returncode,
-            took_s,
-            refused.stderr.strip(),
-        )
-        assert refused.returncode == 4, refused.stderr
-        line = refused.stderr.strip()
-        assert "cannot serve the call now" in line and "flow store of cluster 'dst'" in line, line
-        assert "Traceback" not in line and "\n" not in line, line
-        assert took_s < CLI_TIMEOUT_S + 5
+        refused, took_s = while_down(pair.destination, lambda: flows_cli("pause", name, address=address))
+        assert_refused_as_unavailable(refused, took_s, "flow store of cluster 'dst'", CLI_TIMEOUT_S)
         time.sleep(10)  # a write the server went on with would land now
         assert not json.loads(flows_cli("get", name, address=address).stdout)["paused"]
         wait_until(
@@ -170,3 +172,31 @@ def test_a_flow_change_while_the_destination_is_down_is_refused_as_unavailable_a
             "flows pause once the destination is back",
         )
         assert json.loads(flows_cli("get", name, address=address).stdout)["paused"]
+
+
+def while_down(
+    cluster: LocalCluster, call: Callable[[], subprocess.CompletedProcess[str]], down_s: float = 0.0
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """call made with cluster's broker killed (down down_s at least), then restarted: its result, its seconds."""
+    cluster.kill()
+    try:
+        started = time.monotonic()
+        result = call()
+        took_s = time.monotonic() - started
+        time.sleep(max(0.0, down_s - took_s))  # the rest of the outage: nothing to wait for
+    finally:
+        cluster.restart()
+    return result, took_s
+
+
+def assert_refused_as_unavailable(
+    refused: subprocess.CompletedProcess[str], took_s: float, what: str, timeout_s: float
+) -> None:
+    """One line saying the server cannot serve the call now, naming what it could not do; exit 4, within the
+    call's --timeout (and a CLI process's start)."""
+    line = refused.stderr.strip()
+    _log.info("refused with a cluster down: exit %d after %.1f s: %s", refused.returncode, took_s, line)
+    assert refused.returncode == 4, refused.stderr
+    assert "cannot serve the call now" in line and what in line, line
+    assert "Traceback" not in line and "\n" not in line, line
+    assert took_s < timeout_s + 5

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ferryman.admin import DEFAULT_TIMEOUT_S
+from ferryman.admin import AUDIT_TIMEOUT_S
 from ferryman.cli._audit_remote import remote_list, remote_run, remote_show
 from ferryman.cli._common import (
     EXIT_FAILED,
@@ -59,7 +59,7 @@ ServerOption = Annotated[
     ),
 ]
 #: The connection options of the commands that can go through an audit scheduler.
-_remote_options = connection_options(timeout_s=DEFAULT_TIMEOUT_S, server=ServerOption, server_default=None)
+_remote_options = connection_options(timeout_s=AUDIT_TIMEOUT_S, server=ServerOption, server_default=None)
 
 if TYPE_CHECKING:
     from ferryman_auditor import AuditRange, AuditReport, ScheduleOutcome

@@ -139,7 +139,7 @@ def remote_run(
 
     def go() -> int:
         with _admin(connection) as admin:
-            started = admin.start_audit(flow, **range_args)
+            started = admin.start_audit(flow, **range_args, timeout_s=connection.timeout_s)
             result: audit_pb2.AuditRun | None = None
             interactive = output == "text" and sys.stderr.isatty()
             with Progress(
@@ -181,7 +181,7 @@ def remote_show(
 
     def go() -> int:
         with _admin(connection) as admin:
-            return _finished(admin.get_audit(run_id, flow), output, show)
+            return _finished(admin.get_audit(run_id, flow, timeout_s=connection.timeout_s), output, show)
 
     return _call(connection, go)
 
@@ -198,7 +198,7 @@ def remote_list(
 
     def go() -> int:
         with _admin(connection) as admin:
-            runs = admin.list_audits(flow, limit=max(limit, 0))
+            runs = admin.list_audits(flow, limit=max(limit, 0), timeout_s=connection.timeout_s)
         show(runs[0].flow if runs else flow or "(the scheduler's flow)", [summary_row(r) for r in runs], output)
         return EXIT_OK
 

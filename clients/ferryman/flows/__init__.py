@@ -19,14 +19,13 @@ from ferryman.flows._model import (
     to_proto,
 )
 from ferryman.flows._registry import FlowRegistry
-from ferryman.flows._store import Deadline, FlowStore
+from ferryman.flows._store import FlowStore
 from ferryman.flows._watch import FlowWatcher
 
 __all__ = [
     "IMMUTABLE_FIELDS",
     "NOT_LIVE_FIELDS",
     "UNCHANGED",
-    "Deadline",
     "FlowRegistry",
     "FlowStore",
     "FlowWatcher",

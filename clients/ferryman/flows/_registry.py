@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from google.protobuf import field_mask_pb2, timestamp_pb2
 
 from ferryman.config import ClusterConfig, FlowConfig
+from ferryman.deadline import NO_DEADLINE, Deadline
 from ferryman.errors import (
     FlowCycleError,
     FlowExistsError,
@@ -33,7 +34,7 @@ from ferryman.flows._model import (
     to_config,
     to_proto,
 )
-from ferryman.flows._store import NO_DEADLINE, Change, Deadline, FlowStore
+from ferryman.flows._store import Change, FlowStore
 from ferryman.v1 import flows_pb2
 
 _log = logging.getLogger(__name__)

@@ -17,11 +17,9 @@ for them, so a producer per write (~0.1-0.5 s) is an affordable price for that s
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -30,6 +28,7 @@ from confluent_kafka.admin import AdminClient
 from ferryman import topics
 from ferryman.client_config import base_config
 from ferryman.config import ClusterConfig
+from ferryman.deadline import NO_DEADLINE, Deadline
 from ferryman.errors import FlowStoreBusyError, KafkaOperationError
 from ferryman.kafka_errors import authorization_error
 from ferryman.naming import FLOWS_STORE_TRANSACTIONAL_ID, FLOWS_TOPIC
@@ -47,30 +46,6 @@ _FENCED_BACKOFF_S = 0.2
 
 #: The change a write makes: (flow name, new value or None to delete), or None to write nothing.
 Change = tuple[str, flows_pb2.Flow | None] | None
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When the caller stops waiting (``time.monotonic()``): each Kafka call of the store gets what is left.
-
-    An admin call's (its gRPC deadline, less the time to answer): a store whose cluster is down then
-    answers UNAVAILABLE before the caller gives up, and a write it gave up on never lands later.
-    """
-
-    at: float
-
-    @classmethod
-    def after(cls, seconds: float | None) -> Deadline:
-        """The deadline seconds from now (None: never)."""
-        return cls(math.inf if seconds is None else time.monotonic() + seconds)
-
-    def cap(self, timeout_s: float) -> float:
-        """timeout_s, or what is left of the deadline when that is less (0 once it passed)."""
-        return max(0.0, min(timeout_s, self.at - time.monotonic()))
-
-
-#: No deadline: each call gets the store's own timeout.
-NO_DEADLINE = Deadline(math.inf)
 
 
 def decode(records: dict[bytes, bytes | None]) -> dict[str, flows_pb2.Flow]:
@@ -129,7 +104,7 @@ class FlowStore:
         admin = AdminClient(base_config(self._cluster, f"{self._client_id}-flows-admin"))
         try:
             # Described, not looked up in a metadata request: that could auto-create the topic.
-            return FLOWS_TOPIC in topics.describe_topics(admin, [FLOWS_TOPIC], self._timeout(deadline, what))
+            return FLOWS_TOPIC in topics.describe_topics(admin, [FLOWS_TOPIC], deadline.budget(self._timeout_s, what))
         except KafkaException as exc:
             raise KafkaOperationError(what, exc) from exc
 
@@ -143,20 +118,9 @@ class FlowStore:
         conf = base_config(self._cluster, f"{self._client_id}-flows-read")
         conf["group.id"] = "ferryman-flows-read"  # never commits: only satisfies librdkafka
         try:
-            return decode(read_compacted(conf, FLOWS_TOPIC, [0], self._timeout(deadline, what))[0])
+            return decode(read_compacted(conf, FLOWS_TOPIC, [0], deadline.budget(self._timeout_s, what))[0])
         except KafkaException as exc:
             raise KafkaOperationError(what, exc) from exc
-
-    def _timeout(self, deadline: Deadline, what: str) -> float:
-        """The timeout of one Kafka call: the store's own, or what is left of the caller's deadline.
-
-        Raises:
-            KafkaOperationError: the deadline has passed (UNAVAILABLE to an admin caller).
-        """
-        timeout_s = deadline.cap(self._timeout_s)
-        if timeout_s <= 0:
-            raise KafkaOperationError(what, TimeoutError("no answer within the call's deadline"))
-        return timeout_s
 
     def write(
         self, change: Callable[[dict[str, flows_pb2.Flow]], Change], deadline: Deadline = NO_DEADLINE
@@ -224,7 +188,7 @@ class FlowStore:
         )
         producer = Producer(conf)
         try:
-            producer.init_transactions(self._timeout(deadline, what))
+            producer.init_transactions(deadline.budget(self._timeout_s, what))
             flows = self.read(deadline)
             wanted = change(flows)
             if wanted is None:
@@ -233,7 +197,7 @@ class FlowStore:
             producer.begin_transaction()
             producer.produce(FLOWS_TOPIC, key=name.encode(), value=None if flow is None else flow.SerializeToString())
             try:
-                producer.commit_transaction(self._timeout(deadline, what))
+                producer.commit_transaction(deadline.budget(self._timeout_s, what))
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError._TIMED_OUT:
                     raise

@@ -8,6 +8,7 @@ W3C trace context. Client-side errors are translated once, with `rpc_error_from`
 """
 
 from ferryman.rpc._channel import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, open_channel
+from ferryman.rpc._deadline import ANSWER_MARGIN_S, call_deadline
 from ferryman.rpc._errors import (
     ERROR_DOMAIN,
     IncompatiblePeerError,
@@ -29,6 +30,7 @@ from ferryman.rpc._server import RpcServer, build_server
 from ferryman.rpc._serving import GRPC_GRACE_S, serving
 
 __all__ = [
+    "ANSWER_MARGIN_S",
     "CHANNEL_OPTIONS",
     "ERROR_DOMAIN",
     "GRPC_GRACE_S",
@@ -43,6 +45,7 @@ __all__ = [
     "RpcServer",
     "TracingInterceptor",
     "build_server",
+    "call_deadline",
     "default_server_interceptors",
     "error_reason",
     "open_channel",

@@ -19,7 +19,7 @@ from ferryman.client_config import base_config
 from ferryman.config import RpcConfig
 from ferryman.errors import ConfigError, KafkaOperationError, NotFoundError
 from ferryman.naming import FlowNames
-from ferryman.rpc import RpcServer, serving
+from ferryman.rpc import RpcServer, call_deadline, serving
 from ferryman.v1 import audit_pb2, audit_pb2_grpc
 
 from ferryman_auditor._convert import counts, range_from_proto, range_to_proto, run_of_report
@@ -30,6 +30,7 @@ from ferryman_auditor._store import AuditStore
 
 if TYPE_CHECKING:
     from ferryman.config import FlowConfig
+    from ferryman.deadline import Deadline
 
 #: Full name of the service, for health and reflection.
 AUDIT_SERVICE = audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name
@@ -66,7 +67,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         flow = self._flow(request.flow)
         run = self._runs.get(request.run_id) if request.run_id else None
         if run is None or run.flow != flow.name:
-            yield audit_pb2.FollowAuditResponse(result=self._stored_run(flow, request.run_id))
+            yield audit_pb2.FollowAuditResponse(result=self._stored_run(flow, request.run_id, call_deadline(context)))
             return
         seen, last = -1, None
         while context.is_active():
@@ -86,7 +87,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         run = self._runs.get(request.run_id) if request.run_id else None
         if run is not None and run.flow == flow.name:
             return audit_pb2.GetAuditResponse(run=_run_message(run))
-        return audit_pb2.GetAuditResponse(run=self._stored_run(flow, request.run_id))
+        return audit_pb2.GetAuditResponse(run=self._stored_run(flow, request.run_id, call_deadline(context)))
 
     def ListAudits(  # noqa: N802
         self, request: audit_pb2.ListAuditsRequest, context: grpc.ServicerContext
@@ -94,7 +95,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         flow = self._flow(request.flow)
         if request.limit < 0:
             raise ConfigError(f"limit = {request.limit}: a limit is 0 (all) or more")
-        stored = self._stored(flow)
+        stored = self._stored(flow, call_deadline(context))
         ids = {r.run_id for r in stored}
         runs = [run_of_report(r, with_partitions=False) for r in stored]
         runs += [_run_message(r, with_partitions=False) for r in self._runs.of_flow(flow.name) if r.run_id not in ids]
@@ -108,18 +109,19 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         known = ", ".join(f.name for f in self._runs.config.flows)
         raise NotFoundError(f"flow {wanted!r} is not in the scheduler's configuration (flows: {known})")
 
-    def _stored(self, flow: FlowConfig) -> list[AuditReport]:
+    def _stored(self, flow: FlowConfig, deadline: Deadline) -> list[AuditReport]:
+        """The flow's stored runs; KafkaOperationError (UNAVAILABLE) when its cluster does not answer in time."""
         cluster = self._runs.config.clusters[flow.target]
         store = AuditStore(
             base_config(cluster, "ferryman-auditor-api"), FlowNames.of(flow).audit_topic, self._runs.settings.timeout_s
         )
         try:
-            return list(store.load().runs)
+            return list(store.load(deadline).runs)
         except AuditError as exc:
             raise KafkaOperationError(f"reading the audit topic of flow {flow.name}", exc) from exc
 
-    def _stored_run(self, flow: FlowConfig, run_id: str) -> audit_pb2.AuditRun:
-        stored = self._stored(flow)
+    def _stored_run(self, flow: FlowConfig, run_id: str, deadline: Deadline) -> audit_pb2.AuditRun:
+        stored = self._stored(flow, deadline)
         chosen = [r for r in stored if r.run_id == run_id] if run_id else stored[-1:]
         if not chosen:
             raise NotFoundError(

@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from ferryman.audit_verdicts import VERDICT_PREFIX, verdict_key
+from ferryman.deadline import NO_DEADLINE, Deadline
+from ferryman.errors import KafkaOperationError
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, read_compacted
 from ferryman.topics import InternalTopic, describe_topics, ensure_internal_topics
 
@@ -82,17 +84,22 @@ class AuditStore:
         self._topic = topic
         self._timeout_s = timeout_s
 
-    def load(self) -> StoredAudits:
-        """Read the whole topic (empty if it does not exist yet).
+    def load(self, deadline: Deadline = NO_DEADLINE) -> StoredAudits:
+        """Read the whole topic (empty if it does not exist yet), each Kafka call within the budget and deadline.
 
         Raises:
-            AuditError: a record cannot be parsed, or the topic cannot be read within the budget.
+            AuditError: a record cannot be parsed.
+            KafkaOperationError: the topic cannot be read within the budget or the deadline.
         """
+        what = f"reading the audit topic {self._topic}"
         admin = AdminClient(self._conf)
-        if self._topic not in describe_topics(admin, [self._topic], self._timeout_s):
-            return StoredAudits(None, [], {})
+        try:
+            if self._topic not in describe_topics(admin, [self._topic], deadline.budget(self._timeout_s, what)):
+                return StoredAudits(None, [], {})
+        except KafkaException as exc:
+            raise KafkaOperationError(what, exc) from exc
         conf = {**self._conf, "group.id": "ferryman-auditor-store"}
-        records = read_compacted(conf, self._topic, [0], self._timeout_s)[0]
+        records = read_compacted(conf, self._topic, [0], deadline.budget(self._timeout_s, what))[0]
         try:
             raw_checkpoint = records.get(CHECKPOINT_KEY)
             checkpoint = Checkpoint.from_json(raw_checkpoint) if raw_checkpoint else None

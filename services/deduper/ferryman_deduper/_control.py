@@ -22,7 +22,7 @@ from ferryman import protocol
 from ferryman.config import DeduperConfig
 from ferryman.errors import FerrymanError, PreconditionError
 from ferryman.kafka_errors import is_transient
-from ferryman.rpc import IncompatiblePeerError
+from ferryman.rpc import IncompatiblePeerError, call_deadline
 from ferryman.state import PartitionKey
 from ferryman.v1 import control_pb2, control_pb2_grpc, envelope_pb2, state_pb2
 
@@ -271,9 +271,7 @@ class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
         """The destination offset of a source position, from the offset map (`OffsetTranslator`)."""
         if self._translator is None:
             raise PreconditionError("this deduper has not reached its destination cluster yet")
-        remaining = context.time_remaining()
-        budget_s = MAX_BUDGET_S if remaining is None else remaining - 0.1
-        return self._translator.translate(request, budget_s)
+        return self._translator.translate(request, call_deadline(context).cap(MAX_BUDGET_S))
 
 
 def lag_seconds(lag: int, written_timestamp_ms: int, now_ms: float) -> float:

@@ -9,22 +9,11 @@ the field).
 from __future__ import annotations
 
 import grpc
-from ferryman.flows import Deadline, FlowRegistry
+from ferryman.flows import FlowRegistry
+from ferryman.rpc import call_deadline
 from ferryman.v1 import flows_pb2, flows_pb2_grpc
 
 SERVICE_NAME = "ferryman.v1.FlowService"
-
-#: Time kept back from the caller's gRPC deadline for the answer to reach it: a store whose cluster
-#: is down answers UNAVAILABLE, saying so, rather than the caller's own DEADLINE_EXCEEDED.
-ANSWER_MARGIN_S = 1.0
-
-
-def call_deadline(context: grpc.ServicerContext) -> Deadline:
-    """The store's deadline for this call: the caller's, less the time to answer (a tenth of it at most)."""
-    remaining = context.time_remaining()
-    if remaining is None:
-        return Deadline.after(None)
-    return Deadline.after(remaining - min(ANSWER_MARGIN_S, remaining / 10))
 
 
 class FlowServicer(flows_pb2_grpc.FlowServiceServicer):

@@ -1,4 +1,5 @@
-"""The admin call's deadline as the flow store uses it: what each Kafka call gets, and what the servicer keeps back."""
+"""An admin call's deadline (`ferryman.deadline`, `ferryman.rpc.call_deadline`): what each Kafka call gets,
+and what the servicer keeps back to answer."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import math
 import time
 
 import pytest
-from ferryman.flows import Deadline
-from ferryman_deduper._flows import ANSWER_MARGIN_S, call_deadline
+from ferryman.deadline import Deadline
+from ferryman.errors import KafkaOperationError
+from ferryman.rpc import ANSWER_MARGIN_S, call_deadline
 
 
 class _Context:
@@ -25,6 +27,12 @@ def test_a_call_gets_the_stores_own_timeout_or_what_is_left_when_that_is_less() 
     assert 4.0 < Deadline.after(5.0).cap(30.0) <= 5.0
     assert Deadline.after(60.0).cap(30.0) == 30.0
     assert Deadline(time.monotonic() - 1).cap(30.0) == 0.0  # passed: nothing left, never negative
+
+
+def test_a_call_started_after_the_deadline_is_refused_as_the_cluster_not_answering_naming_the_step() -> None:
+    assert Deadline.after(None).budget(30.0, "reading the audit topic t") == 30.0
+    with pytest.raises(KafkaOperationError, match=r"reading the audit topic t.*no answer within the call's deadline"):
+        Deadline(time.monotonic() - 1).budget(30.0, "reading the audit topic t")
 
 
 @pytest.mark.parametrize(
