@@ -4,7 +4,8 @@ Without a logger, librdkafka prints to stderr: one line per failed connection
 attempt of every client (581 lines in 30 s were seen with one cluster down at
 start-up). With this one (the ``logger`` client property), its lines go to
 ``ferryman.librdkafka``: connection failures at DEBUG (``ClusterHealth`` logs
-one line per outage instead), and any other line at most once per
+one line per outage instead), as the warnings that a producer's property is ignored by a consumer (or the
+reverse: a cluster's ``client_config`` goes to both), and any other line at most once per
 ``REPEAT_INTERVAL_S``, with the count of repeats it stood for.
 """
 
@@ -25,6 +26,9 @@ REPEAT_INTERVAL_S = 30.0
 _CONNECTION_FACILITIES = frozenset({"FAIL", "BROKERFAIL", "REBOOTSTRAP"})
 #: The facility of a consumer's line saying its group session timed out (it then rejoins).
 SESSION_TIMEOUT_FACILITY = "SESSTMOUT"
+#: What a CONFWARN line says of a property for clients of the other role ("... is a producer property and
+#: will be ignored by this consumer instance"): expected, since a cluster's client_config goes to every client.
+_OTHER_ROLES_PROPERTY = "property and will be ignored by this"
 #: Numbers in a line (ms, counts, ports) vary between repeats of the same event.
 _NUMBERS = re.compile(r"\d+")
 
@@ -50,6 +54,8 @@ class LibrdkafkaLog:
         text = fmt % args if args else fmt
         if facility in _CONNECTION_FACILITIES or "Connect to" in text or "brokers are down" in text:
             level = logging.DEBUG
+        elif facility == "CONFWARN" and _OTHER_ROLES_PROPERTY in text:
+            level = logging.DEBUG  # a cluster's client_config serves its producers and consumers alike
         if not _log.isEnabledFor(level):
             return
         if level < logging.WARNING:

@@ -138,6 +138,43 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
     )
 
 
+#: librdkafka's message.timeout.ms for every destination client in the long-outage test (300 s by default).
+MESSAGE_TIMEOUT_MS = 5000
+#: How long that test keeps the destination down: three message timeouts.
+LONG_DOWN_S = 15.0
+
+
+def test_a_destination_down_longer_than_the_producers_message_timeout_is_waited_out(
+    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The destination down past ``message.timeout.ms``: the wrapper's staging writes and the deduper's
+    transactions fail for good in librdkafka (delivery reports with _MSG_TIMED_OUT), not just wait.
+
+    The wrapper rewinds the failed partitions and sends them again, the deduper aborts and writes again: both
+    stay up, and the copy is exact.
+    """
+    topic = unique_name("longdown")
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=3000, rate_per_s=600)
+    with running_flow(
+        pair.source,
+        pair.destination,
+        tmp_path,
+        flow=unique_name("flow"),
+        topics=[topic],
+        destination_client_config={"message.timeout.ms": MESSAGE_TIMEOUT_MS},
+    ) as flow:
+        flow.deduper.wait_for_log("ready (now own", 60)
+        producer.start()
+        wait_until(lambda: producer.sent >= producer.per_partition * PARTITIONS // 3, 60, message="a third sent")
+        bounce(pair.destination, signal.SIGKILL, LONG_DOWN_S)
+        check_copy(pair, flow, topic, producer)
+    output = flow.wrapper.output()
+    timed_out = output.count("_MSG_TIMED_OUT")
+    assert timed_out > 0, output[-4000:]  # the path under test: librdkafka gave up on staging writes
+    _log.info("destination down %.0f s: staging writes of %d partitions timed out, sent again", LONG_DOWN_S, timed_out)
+
+
 #: The deadline of ``audit list --server`` while the destination is down (the CLI's default is 5 s).
 API_TIMEOUT_S = 3.0
 

@@ -38,8 +38,10 @@ def flow_config(
     wrapper: Mapping[str, Any] | None = None,
     deduper: Mapping[str, Any] | None = None,
     extra_flow: Mapping[str, Any] | None = None,
+    destination_client_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A one-flow configuration with test-friendly (fast) tuning."""
+    """A one-flow configuration with test-friendly (fast) tuning (destination_client_config: librdkafka
+    properties of every client of the destination cluster)."""
     flow_data: dict[str, Any] = {
         "name": flow,
         "source": "src",
@@ -52,7 +54,7 @@ def flow_config(
     return {
         "clusters": {
             "src": {"bootstrap_servers": source_bootstrap},
-            "dst": {"bootstrap_servers": destination_bootstrap},
+            "dst": {"bootstrap_servers": destination_bootstrap, "client_config": dict(destination_client_config or {})},
         },
         "flows": [flow_data],
         # Short intervals so tests see progress quickly.

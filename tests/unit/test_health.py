@@ -93,6 +93,15 @@ def test_librdkafka_connection_lines_go_to_debug_and_repeats_are_counted(caplog:
     assert len(warnings) == 1  # the four repeats are held back
 
 
+def test_a_producer_property_ignored_by_a_consumer_is_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    log = LibrdkafkaLog("kafka-b:9092")
+    caplog.set_level(logging.DEBUG, logger="ferryman.librdkafka")
+    ignored = "Configuration property message.timeout.ms is a producer property and will be ignored by this consumer"
+    log.log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#consumer-3", ignored)
+    log.log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "Configuration property x is deprecated")
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.WARNING]
+
+
 def test_a_held_back_repeat_is_logged_again_with_its_count(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -118,6 +118,18 @@ def test_a_failure_poisons_the_partition() -> None:
     assert t.rewind_positions() == {K: (6, None)}
 
 
+def test_only_a_partitions_first_failure_since_its_rewind_is_news() -> None:
+    t = tracker(0)
+    t.sent(K, 5)
+    t.sent(K, 9)
+    assert t.failed(K)  # logged
+    assert not t.failed(K)  # the rest of an outage's failures of the partition: not logged again
+    t.start(K, 0)  # the rewind
+    t.sent(K, 5)
+    assert t.failed(K)
+    assert not t.failed(PartitionKey("gone", 0))  # a partition no longer tracked
+
+
 def test_a_failure_before_any_ack_rewinds_to_the_start() -> None:
     t = tracker(40)
     t.sent(K, 45)

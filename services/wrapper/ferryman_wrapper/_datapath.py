@@ -130,9 +130,8 @@ class DataPath:
                 if err is None:
                     self._parts.tracker.acked(key, last)
                     self._target_health.up()
-                else:
-                    _log.error("staging write of %s up to offset %d failed: %s", key, last, err)
-                    self._parts.tracker.failed(key)
+                elif self._parts.tracker.failed(key):  # once per partition and rewind: an outage fails them all
+                    _log.warning("staging write of %s up to offset %d failed: %s; it is sent again", key, last, err)
 
             while True:
                 try:

@@ -72,12 +72,14 @@ class ProgressTracker:
             part.acked_upto = max(part.acked_upto, last_offset)
             part.logical_start = None
 
-    def failed(self, key: PartitionKey) -> None:
-        """Record a failed delivery report: key must be rewound."""
+    def failed(self, key: PartitionKey) -> bool:
+        """Record a failed delivery report: key must be rewound. True for the first since its last rewind."""
         part = self._parts.get(key)
-        if part is not None:
-            part.failed = True
-            self._failed.add(key)
+        if part is None or part.failed:
+            return False
+        part.failed = True
+        self._failed.add(key)
+        return True
 
     @property
     def any_failed(self) -> bool:
