@@ -30,6 +30,12 @@ _RECORDS_PER_TRANSACTION = 20
 _FLUSH_S = 300.0
 # Between retries of a transactional call that failed while the source was away.
 _TXN_RETRY_S = 0.5
+# How long a commit or an abort may keep failing before its producer is given up for a new one: after a
+# source broker restart librdkafka can keep a request to the coordinator queued for ever ("TxnCoordinator:
+# Timed out 0 in-flight, 0 retry-queued, 1 out-queue"; seen 2026-12-03, seed 20261211, the abort never
+# sent). A new producer with the same transactional.id fences the old one and has the coordinator abort
+# what it left open, as the deduper's watchdog does.
+_TXN_CALL_BUDGET_S = 60.0
 
 
 @dataclass
@@ -60,6 +66,8 @@ class Load:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._guard, args=(r,), daemon=True, name=f"load-{r}") for r in ROLES]
         self.errors: list[BaseException] = []
+        #: Producers given up while a call of theirs hung: kept, never destroyed (that could hang too).
+        self._abandoned: list[Producer] = []
 
     def start(self) -> None:
         """Start every role's thread."""
@@ -177,8 +185,10 @@ class Load:
                 error = exc.args[0]
                 _log.info("load txn: %s; aborting", error)
                 if error.fatal() or not self._abort(producer):
-                    # A fatal error leaves the producer unusable (every later call fails the same way): a new
-                    # one fences the old epoch and the coordinator aborts what it left open.
+                    # A fatal error leaves the producer unusable (every later call fails the same way), a hung
+                    # abort leaves it stuck: a new one fences the old epoch and the coordinator aborts what it
+                    # left open.
+                    self._abandoned.append(producer)
                     producer = self._new_transactional(conf)
             self._pace(started, sent)
 
@@ -193,23 +203,31 @@ class Load:
         return _retried(initialised, again=lambda _err: True, what="init")
 
     def _commit(self, producer: Producer) -> None:
-        _retried(lambda: producer.commit_transaction(30), again=KafkaError.retriable, what="commit")
+        _retried(
+            lambda: producer.commit_transaction(30),
+            again=KafkaError.retriable,
+            what="commit",
+            budget_s=_TXN_CALL_BUDGET_S,
+        )
 
     def _abort(self, producer: Producer) -> bool:
-        """Abort the open transaction; False when the producer hit a fatal error instead (replace it)."""
+        """Abort the open transaction; False when the producer hit a fatal error or its abort hung (replace it)."""
         try:
-            _retried(lambda: producer.abort_transaction(30), again=lambda err: not err.fatal(), what="abort")
+            _retried(
+                lambda: producer.abort_transaction(30),
+                again=lambda err: not err.fatal(),
+                what="abort",
+                budget_s=_TXN_CALL_BUDGET_S,
+            )
         except KafkaException as exc:
-            if not exc.args[0].fatal():
-                raise
             _log.info("load txn abort: %s; a new producer", exc)
             return False
         return True
 
 
-def _retried(call: Callable[[], T], *, again: Callable[[KafkaError], bool], what: str) -> T:
-    """call() until it succeeds; errors that again() accepts are retried for up to _FLUSH_S (the source may be away)."""
-    deadline = time.monotonic() + _FLUSH_S
+def _retried(call: Callable[[], T], *, again: Callable[[KafkaError], bool], what: str, budget_s: float = _FLUSH_S) -> T:
+    """call() until it succeeds; errors that again() accepts are retried for up to budget_s (the source may be away)."""
+    deadline = time.monotonic() + budget_s
     while True:
         try:
             return call()
