@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from ferryman.kafka_log import LibrdkafkaLog
 
 from tests.chaos.records import ROLES, RecordId, content
 
@@ -101,6 +102,10 @@ class Load:
         """Produce to partitions 0..partitions-1 of the role's topic from now on."""
         self.streams[role].partitions = partitions
 
+    def _client_config(self) -> dict[str, Any]:
+        """What every load producer is given: the source, and librdkafka's lines through logging (a stall logs)."""
+        return {"bootstrap.servers": self.bootstrap, "logger": LibrdkafkaLog(f"load {self.bootstrap}")}
+
     def _guard(self, role: str) -> None:
         try:
             if role == "txn":
@@ -122,7 +127,7 @@ class Load:
             self._stop.wait(ahead)  # pacing the offered load, by design
 
     def _run_idempotent(self, stream: RoleStream) -> None:
-        conf = {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5}
+        conf = {**self._client_config(), "enable.idempotence": True, "linger.ms": 5}
         producer = Producer(conf)
         started, sent = time.monotonic(), 0
         while not self._stop.is_set():
@@ -160,8 +165,8 @@ class Load:
         stream.sent += 1
 
     def _run_transactional(self, stream: RoleStream) -> None:
-        conf: dict[str, str | int | bool] = {
-            "bootstrap.servers": self.bootstrap,
+        conf: dict[str, Any] = {
+            **self._client_config(),
             "transactional.id": f"chaos-load-{stream.topic}",
             "linger.ms": 5,
             "transaction.timeout.ms": 60_000,
@@ -192,7 +197,7 @@ class Load:
                     producer = self._new_transactional(conf)
             self._pace(started, sent)
 
-    def _new_transactional(self, conf: dict[str, str | int | bool]) -> Producer:
+    def _new_transactional(self, conf: dict[str, Any]) -> Producer:
         """A transactional producer, initialised (retried while the source is away, within _FLUSH_S)."""
 
         def initialised() -> Producer:
