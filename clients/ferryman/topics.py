@@ -56,7 +56,7 @@ def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) ->
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError as exc:
-        raise KafkaOperationError(f"{what}: no answer within {timeout_s:g} s", exc) from exc
+        raise KafkaOperationError(f"{what}: no answer within {round(timeout_s, 2):g} s", exc) from exc
 
 
 #: Topic configs never copied to the destination: broker-specific or

@@ -33,16 +33,15 @@ from ferryman.kafka_errors import FenceWindow
 from ferryman.status import deduper_status
 
 from tests.helpers.grpc_clients import NOT_SERVING, SERVING, health, local
-from tests.helpers.kafka import assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.restarts import Pair, bounce, check_copy, grpc_port
-from tests.helpers.services import RunningFlow, ServiceProcess, hold_env, running_flow
+from tests.helpers.kafka import assert_exact_copy, read_all, wait_until
+from tests.helpers.restarts import PARTITIONS, Pair, bounce, check_copy, flow_over, grpc_port, streamed_topic
+from tests.helpers.services import RunningFlow, ServiceProcess, hold_env
 from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.e2e
 
 _log = logging.getLogger(__name__)
 
-PARTITIONS = 4
 #: The goal of issue 24: work resumes within 30 s of the broker being reachable again.
 RECOVERY_GOAL_S = 30.0
 #: How long a bounced broker stays down: a crash and a supervisor's restart.
@@ -135,18 +134,15 @@ def test_a_broker_restart_is_ridden_through(
     how: signal.Signals,
 ) -> None:
     rng = random.Random(f"{victim}-{moment}-{how.name}")
-    topic = unique_name("bounce")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    topic, producer = streamed_topic(pair, unique_name("bounce"), per_partition=4000, rate_per_s=1600)
     marker = tmp_path / "held"
     held = moment not in ("open-transaction", "consume")
     env = hold_env(moment, marker) if held else None
-    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=4000, rate_per_s=1600)
-    with running_flow(
-        pair.source,
-        pair.destination,
+    with flow_over(
+        pair,
         tmp_path,
-        flow=unique_name("flow"),
-        topics=[topic],
+        unique_name,
+        topic,
         wrapper_env=env if victim == "source" else None,
         deduper_env=env if victim == "destination" else None,
     ) as flow:
@@ -234,15 +230,11 @@ def test_broker_bounces_mixed_with_service_kills(
 ) -> None:
     """Both brokers bounced (mostly SIGKILL, some SIGTERM) and both services kill -9ed, in a seeded order."""
     rng = random.Random(seed)
-    topic = unique_name("mixed")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
-    producer = SequenceProducer(
-        pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=rate_per_s
-    )
+    topic, producer = streamed_topic(pair, unique_name("mixed"), per_partition=per_partition, rate_per_s=rate_per_s)
     events = ["source", "destination"] * bounces_each + ["wrapper", "deduper"] * kills_each
     rng.shuffle(events)
     figures: list[str] = []
-    with running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
+    with flow_over(pair, tmp_path, unique_name, topic) as flow:
         flow.deduper.wait_for_log("ready (now own", 60)
         producer.start()
         for event in events:
@@ -308,19 +300,9 @@ def test_a_broker_frozen_past_the_session_twice_within_the_fence_window_is_ridde
     here, 5 of 6 session timeouts in chaos runs. Two such fences within FenceWindow.WINDOW_S once stopped
     a deduper as if a live twin used its instance id (exit 3; a chaos CI run).
     """
-    topic = unique_name("frozen")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
-    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=3000, rate_per_s=400)
+    topic, producer = streamed_topic(pair, unique_name("frozen"), per_partition=3000, rate_per_s=400)
     session = {"session_timeout_ms": FROZEN_SESSION_MS}
-    with running_flow(
-        pair.source,
-        pair.destination,
-        tmp_path,
-        flow=unique_name("flow"),
-        topics=[topic],
-        wrapper=session,
-        deduper=session,
-    ) as flow:
+    with flow_over(pair, tmp_path, unique_name, topic, wrapper=session, deduper=session) as flow:
         flow.deduper.wait_for_log("ready (now own", 60)
         producer.start()
         cluster = pair.source if victim == "source" else pair.destination

@@ -19,15 +19,13 @@ from ferryman_local import LocalCluster, reserve_port
 
 from tests.helpers.audit_cli import POLL_S, RUNS_BUDGET_S, STOP_BUDGET_S, ferryman, scheduler, stored_runs
 from tests.helpers.kafka import assert_exact_copy, create_topic, produce_sequences, read_all, wait_until
-from tests.helpers.restarts import Pair, bounce, check_copy, grpc_port
+from tests.helpers.restarts import PARTITIONS, Pair, bounce, check_copy, flow_over, grpc_port, streamed_topic
 from tests.helpers.services import hold_env, running_flow
-from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.e2e
 
 _log = logging.getLogger(__name__)
 
-PARTITIONS = 4
 #: How long a bounced broker stays down: a crash and a supervisor's restart.
 DOWN_S = 4.0
 
@@ -46,16 +44,13 @@ def test_a_destination_down_while_the_deduper_initialises_transactions_is_waited
     It used to exit 1 ("init_transactions did not succeed within 4s"): the call's budget was
     operation_timeout_s x 4 whatever the start-up budget, the last start-up step outside it.
     """
-    topic = unique_name("initdown")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    topic, producer = streamed_topic(pair, unique_name("initdown"), per_partition=1500, rate_per_s=600)
     marker = tmp_path / "held"
-    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=1500, rate_per_s=600)
-    with running_flow(
-        pair.source,
-        pair.destination,
+    with flow_over(
+        pair,
         tmp_path,
-        flow=unique_name("flow"),
-        topics=[topic],
+        unique_name,
+        topic,
         deduper={"operation_timeout_s": START_OPERATION_TIMEOUT_S},
         deduper_env=hold_env("init_transactions", marker, after=1),
     ) as flow:
@@ -91,7 +86,7 @@ def test_the_audit_scheduler_rides_through_broker_restarts(
     produce_sequences(pair.source.bootstrap_servers, topic, PARTITIONS, AUDITED_FIRST)
     total = PARTITIONS * (AUDITED_FIRST + AUDITED_MORE)
     log = tmp_path / "schedule.log"
-    with running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic]) as flow:
+    with flow_over(pair, tmp_path, unique_name, topic) as flow:
         dest = f"src.{topic}"
         read_all(pair.destination.bootstrap_servers, dest, expected=PARTITIONS * AUDITED_FIRST, timeout_s=120)
         api = f"127.0.0.1:{reserve_port()}"
@@ -153,16 +148,9 @@ def test_a_destination_down_longer_than_the_producers_message_timeout_is_waited_
     The wrapper rewinds the failed partitions and sends them again, the deduper aborts and writes again: both
     stay up, and the copy is exact.
     """
-    topic = unique_name("longdown")
-    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
-    producer = SequenceProducer(pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=3000, rate_per_s=600)
-    with running_flow(
-        pair.source,
-        pair.destination,
-        tmp_path,
-        flow=unique_name("flow"),
-        topics=[topic],
-        destination_client_config={"message.timeout.ms": MESSAGE_TIMEOUT_MS},
+    topic, producer = streamed_topic(pair, unique_name("longdown"), per_partition=3000, rate_per_s=600)
+    with flow_over(
+        pair, tmp_path, unique_name, topic, destination_client_config={"message.timeout.ms": MESSAGE_TIMEOUT_MS}
     ) as flow:
         flow.deduper.wait_for_log("ready (now own", 60)
         producer.start()

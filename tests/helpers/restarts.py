@@ -6,15 +6,22 @@ import logging
 import re
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ferryman_local import LocalCluster
 
-from tests.helpers.kafka import assert_exact_copy, read_all
-from tests.helpers.services import RunningFlow, ServiceProcess
+from tests.helpers.kafka import assert_exact_copy, create_topic, read_all
+from tests.helpers.services import RunningFlow, ServiceProcess, running_flow
 from tests.helpers.streams import SequenceProducer
 
 _log = logging.getLogger(__name__)
+
+#: Partitions of each source topic the outage tests make.
+PARTITIONS = 4
 
 
 @dataclass
@@ -23,6 +30,22 @@ class Pair:
 
     source: LocalCluster
     destination: LocalCluster
+
+
+def streamed_topic(pair: Pair, topic: str, *, per_partition: int, rate_per_s: float) -> tuple[str, SequenceProducer]:
+    """A new source topic of PARTITIONS partitions and a paced producer of it (started by the test)."""
+    create_topic(pair.source.bootstrap_servers, topic, PARTITIONS)
+    producer = SequenceProducer(
+        pair.source.bootstrap_servers, [topic], PARTITIONS, per_partition=per_partition, rate_per_s=rate_per_s
+    )
+    return topic, producer
+
+
+def flow_over(
+    pair: Pair, tmp_path: Path, unique_name: Callable[[str], str], topic: str, **config: Any
+) -> AbstractContextManager[RunningFlow]:
+    """A wrapper and a deduper replicating topic from the pair's source to its destination (``running_flow``)."""
+    return running_flow(pair.source, pair.destination, tmp_path, flow=unique_name("flow"), topics=[topic], **config)
 
 
 def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:

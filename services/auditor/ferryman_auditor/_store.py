@@ -96,7 +96,7 @@ class AuditStore:
         try:
             if self._topic not in describe_topics(admin, [self._topic], deadline.budget(self._timeout_s, what)):
                 return StoredAudits(None, [], {})
-        except KafkaException as exc:
+        except (KafkaException, KafkaOperationError) as exc:  # librdkafka's error, or no answer in time
             raise KafkaOperationError(what, exc) from exc
         conf = {**self._conf, "group.id": "ferryman-auditor-store"}
         records = read_compacted(conf, self._topic, [0], deadline.budget(self._timeout_s, what))[0]
