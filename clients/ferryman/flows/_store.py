@@ -41,6 +41,9 @@ _log = logging.getLogger(__name__)
 #: Writes tried before a fenced writer gives up (each fence means another write just won).
 _WRITE_ATTEMPTS = 5
 
+#: Why a write ended when the cluster kept failing it (not other writers).
+_NO_SUCCESS = f"no success in {_WRITE_ATTEMPTS} attempts"
+
 #: Pause before trying again after a fence: long enough for the winner's commit to land.
 _FENCED_BACKOFF_S = 0.2
 
@@ -156,13 +159,10 @@ class FlowStore:
                     fenced = _fenced(exc)
                     if not (fenced or exc.args[0].retriable() or exc.args[0].txn_requires_abort()):
                         raise KafkaOperationError(what, exc) from exc
-                    if not fenced and (attempt == _WRITE_ATTEMPTS - 1 or deadline.cap(1.0) <= 0):
+                    expired = deadline.cap(1.0) <= 0
+                    if not fenced and (expired or attempt == _WRITE_ATTEMPTS - 1):
                         # The cluster did not answer (a broker down): not other writers, whatever the count.
-                        why = (
-                            "no answer within the call's deadline"
-                            if deadline.cap(1.0) <= 0
-                            else f"no success in {_WRITE_ATTEMPTS} attempts"
-                        )
+                        why = "no answer within the call's deadline" if expired else _NO_SUCCESS
                         raise KafkaOperationError(f"{what}: {why}", exc) from exc
                     _log.info("flow store write %d fenced or interrupted (%s); reading again", attempt + 1, exc)
                 time.sleep(deadline.cap(_FENCED_BACKOFF_S * (attempt + 1)))  # let the winning write commit
