@@ -18,13 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from ferryman.admin import FerrymanAdmin, InvalidArgumentError, PreconditionError
+from ferryman.naming import FLOWS_TOPIC
 from ferryman.v1 import flows_pb2
 from ferryman_local import reserve_port
 
 from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.services import ServiceProcess, flow_config, hold_env, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -84,10 +86,12 @@ def config_for(source: KafkaCluster, destination: KafkaCluster, flow: str, **kw:
     )
 
 
-def serve(data: dict[str, Any], log_dir: Path, name: str, *args: str) -> tuple[ServiceProcess, str]:
+def serve(
+    data: dict[str, Any], log_dir: Path, name: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[ServiceProcess, str]:
     """Start a deduper for data; return it and its gRPC address once FlowService answers."""
     path = write_config(log_dir / f"{name}.yaml", data)
-    deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", name, *args]).start()
+    deduper = ServiceProcess("deduper", path, log_dir, args=["--instance-id", name, *args], env=env).start()
     address = data["deduper"]["listen_address"]
     wait_until(lambda: ferryman("list", server=address).returncode == 0, timeout_s=90, message="FlowService")
     return deduper, address
@@ -173,6 +177,67 @@ def test_a_flow_created_through_the_cli_replicates_and_follows_live_changes(
     finally:
         wrapper.stop()
         deduper.stop()
+
+
+def open_transaction_on_the_store(bootstrap: str) -> bool:
+    """True while a transaction holds the flow store's last stable offset below its end."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    tp = TopicPartition(FLOWS_TOPIC, 0)
+    stable, end = (
+        admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=level)[tp].result(30).offset  # type: ignore[no-untyped-call]
+        for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)
+    )
+    return bool(stable < end)
+
+
+def test_a_deduper_killed_while_committing_a_flow_change_leaves_the_store_whole(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    anchor: str,
+) -> None:
+    """kill -9 of the deduper serving a flow change, its record written in the open transaction and the commit
+    due: the change does not land, the store stays readable meanwhile (reads stop at the last stable offset),
+    and the next write, through another deduper, fences the dead writer's transaction and lands once.
+    """
+    dst = destination_cluster.bootstrap_servers
+    flow, victim_flow = unique_name("killedwrite"), unique_name("victim")
+    ok(ferryman("create", "--name", flow, "--source", "src", "--target", "dst", "--topic", f"{flow}-.*", server=anchor))
+    marker = tmp_path / "held"
+    # The victim's first flow-store commit stores its own flow at start-up; the second is the pause below.
+    victim, address = serve(
+        config_for(source_cluster, destination_cluster, victim_flow),
+        tmp_path,
+        "victim",
+        env=hold_env("flow-store-commit", marker, after=2),
+    )
+    try:
+        ok(ferryman("get", victim_flow, server=address))
+        assert not marker.exists()
+        pause = subprocess.Popen(
+            [str(FERRYMAN), "flows", "pause", flow, "--server", address, "-o", "json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(marker.exists, 60, message="the pause's flow-store commit reached and held")
+        assert open_transaction_on_the_store(dst)  # the record is in, uncommitted
+        victim.kill9()
+        _, err = pause.communicate(timeout=120)
+        refused(subprocess.CompletedProcess(pause.args, pause.returncode, "", err), 4)
+
+        stored = ok(ferryman("get", flow, server=anchor))
+        assert (stored["paused"], stored["version"]) == (False, "1")
+        started = time.monotonic()
+        paused = ok(ferryman("pause", flow, server=anchor))
+        print(f"the next write landed {time.monotonic() - started:.1f} s after a dead writer's open transaction")
+        assert (paused["paused"], paused["version"]) == (True, "2")
+        assert not open_transaction_on_the_store(dst)
+    finally:
+        victim.stop()
+        for name in (flow, victim_flow):
+            ferryman("delete", name, server=anchor)
 
 
 def test_refusals_name_the_field_and_the_cycle(
@@ -274,6 +339,26 @@ def test_apply_is_declarative_and_idempotent(unique_name: Callable[[str], str], 
         bad = tmp_path / "bad.yaml"
         bad.write_text(yaml.safe_dump({"flows": [{"name": "x", "source": "src"}]}))
         refused(ferryman("apply", "-f", str(bad), server=anchor), 2, "flows.0.target")
+
+        # A call failing part way: the rows so far print, the failed flow and the ones after it say so.
+        later = [unique_name("applied"), unique_name("applied")]
+        names += later
+        partial = [
+            {"name": later[0], "source": "src", "target": "dst", "topics": [f"{later[0]}-.*"]},
+            {**flows[0], "exactly_once": False},  # cannot change live: FAILED_PRECONDITION
+            {"name": later[1], "source": "src", "target": "dst", "topics": [f"{later[1]}-.*"]},
+        ]
+        file.write_text(yaml.safe_dump({"flows": partial}))
+        result = ferryman("apply", "-f", str(file), server=anchor)
+        refused(result, 9, "FAILED_PRECONDITION", "exactly_once")
+        assert [(r["flow"], r["action"]) for r in json.loads(result.stdout)] == [
+            (later[0], "created"),
+            (names[0], "failed"),
+            (later[1], "not applied"),
+        ]
+        assert ok(ferryman("get", later[0], server=anchor))["name"] == later[0]
+        assert ok(ferryman("get", names[0], server=anchor))["exactly_once"]
+        refused(ferryman("get", later[1], server=anchor), 7, "NOT_FOUND")
     finally:
         for name in names:
             ferryman("delete", name, server=anchor)

@@ -3,7 +3,8 @@
 Flows are given as in the configuration file (the same keys: ``name``, ``source``, ``target``,
 ``topics``, ``naming``, ...); ``apply -f FILE`` takes a configuration file (its ``flows:``), a
 list of flows or one flow, and makes the store match it: missing flows are created, changed ones
-updated (against the etag just read), equal ones left alone. Connection options and exit statuses
+updated (against the etag just read), equal ones left alone, in the file's order (a failed call
+prints the rows so far, the rest "not applied", then the error). Connection options and exit statuses
 are those of every command (`ferryman.cli._connection`, ``EXIT_*`` in `ferryman.cli._common`):
 2 a value refused (naming the field), 7 no such flow, 9 refused in the current state (not
 live-changeable, a cycle), 10 the flow exists, 11 it changed meanwhile (stale etag).
@@ -19,7 +20,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from ferryman.admin import FLOW_TIMEOUT_S, FerrymanAdmin, ResourceNotFoundError
+from ferryman.admin import FLOW_TIMEOUT_S, AdminError, FerrymanAdmin, ResourceNotFoundError
 from ferryman.cli._common import EXIT_OK, EXIT_USAGE, fail
 from ferryman.cli._connection import ConnectionOptions, connection_options
 from ferryman.cli._status import OUTPUTS, OutputOption, as_dict, emit
@@ -288,34 +289,49 @@ def apply(
 ) -> int:
     """Make the stored flows match the file: create missing, update changed, leave equal ones (idempotent).
 
-    A flow's pause state is kept unless the file sets ``paused``; flows not in the file are left alone.
+    A flow's pause state is kept unless the file sets ``paused``; flows not in the file are left alone. Flows are
+    applied in the file's order; if a call fails, the rows print with that flow "failed" and the ones after it
+    "not applied", then the error and its exit status (running apply again finishes the job).
     """
 
     def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         items = _flow_values(file)
-        wanted = [(i, _checked(v, f"flows.{i}")) for i, v in enumerate(items)]
+        wanted = [(_checked(v, f"flows.{i}"), "paused" in v) for i, v in enumerate(items)]
         rows: list[dict[str, str]] = []
-        for i, config in wanted:
-            flow = to_proto(config)
+        for config, sets_paused in wanted:
             try:
-                stored = admin.get_flow(config.name, timeout_s=timeout_s)
-            except ResourceNotFoundError:
-                created = admin.create_flow(flow, timeout_s=timeout_s)
-                rows.append({"flow": config.name, "action": "created", "etag": created.etag})
-                continue
-            if "paused" not in items[i]:
-                flow.paused = stored.paused
-            if to_config(stored) == to_config(flow):
-                rows.append({"flow": config.name, "action": "unchanged", "etag": stored.etag})
-                continue
-            updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=timeout_s)
-            rows.append({"flow": config.name, "action": "updated", "etag": updated.etag})
-        table = Table("flow", "action", "etag", title=f"apply {file}", title_justify="left")
-        for row in rows:
-            table.add_row(row["flow"], row["action"], row["etag"])
-        return rows, table
+                rows.append(_apply_one(admin, config, sets_paused, timeout_s))
+            except AdminError:
+                rows.append({"flow": config.name, "action": "failed", "etag": ""})
+                rows.extend({"flow": c.name, "action": "not applied", "etag": ""} for c, _ in wanted[len(rows) :])
+                emit(output, rows, _apply_table(file, rows))
+                raise
+        return rows, _apply_table(file, rows)
 
     return _run(connection, output, action)
+
+
+def _apply_one(admin: FerrymanAdmin, config: FlowConfig, sets_paused: bool, timeout_s: float) -> dict[str, str]:
+    """Create, update or leave one flow of an apply; its row."""
+    flow = to_proto(config)
+    try:
+        stored = admin.get_flow(config.name, timeout_s=timeout_s)
+    except ResourceNotFoundError:
+        created = admin.create_flow(flow, timeout_s=timeout_s)
+        return {"flow": config.name, "action": "created", "etag": created.etag}
+    if not sets_paused:
+        flow.paused = stored.paused
+    if to_config(stored) == to_config(flow):
+        return {"flow": config.name, "action": "unchanged", "etag": stored.etag}
+    updated = admin.update_flow(flow, None, etag=stored.etag, timeout_s=timeout_s)
+    return {"flow": config.name, "action": "updated", "etag": updated.etag}
+
+
+def _apply_table(file: Path, rows: list[dict[str, str]]) -> Table:
+    table = Table("flow", "action", "etag", title=f"apply {file}", title_justify="left")
+    for row in rows:
+        table.add_row(row["flow"], row["action"], row["etag"])
+    return table
 
 
 def _renames(pairs: list[str]) -> dict[str, str]:

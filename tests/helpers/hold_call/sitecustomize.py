@@ -11,6 +11,8 @@ marker file:
   partitions (in the rebalance callback); once released it is not made and the
   wrapper gives its consumer up, as after a commit that never returned: a
   consumer given up halfway through a cooperative rebalance.
+* ``flow-store-commit``: the commit of a flow-store write (``FlowStore``), its record
+  produced in the open transaction;
 * ``consumer-left-out``: once the wrapper has sent ``FERRYMAN_TEST_HOLD_AFTER`` records,
   its source consumer's session-timeout hook fires (as librdkafka's ``SESSTMOUT`` line
   makes it) and the consumer reads nothing more and is assigned nothing (its partitions
@@ -79,6 +81,18 @@ if _CALL == "consumer-left-out":
 
     FenceWindow.consumer_built = _built  # type: ignore[method-assign]
     _wrapper.Wrapper._step = _step  # type: ignore[method-assign]
+elif _CALL == "flow-store-commit":
+    from confluent_kafka import Producer
+    from ferryman.flows import _store
+
+    class _HeldProducer(Producer):
+        def commit_transaction(self, *args: Any) -> None:
+            if _due():
+                self.flush(10)  # the write is on the broker, inside the open transaction
+                _hold()
+            super().commit_transaction(*args)
+
+    _store.Producer = _HeldProducer  # type: ignore[attr-defined]
 elif _CALL in ("source-commit", "revoke-commit-wedged"):
     from ferryman_wrapper import _commits
 
