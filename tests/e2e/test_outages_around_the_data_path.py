@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import subprocess
 import time
@@ -161,6 +162,33 @@ def test_a_destination_down_longer_than_the_producers_message_timeout_is_waited_
     timed_out = output.count("_MSG_TIMED_OUT")
     assert timed_out > 0, output[-4000:]  # the path under test: librdkafka gave up on staging writes
     _log.info("destination down %.0f s: staging writes of %d partitions timed out, sent again", LONG_DOWN_S, timed_out)
+
+
+#: How long the source stays down in the long source outage: past the wrapper's group session (10 s), its
+#: source calls' budgets (30 s) and a flow-store watch interval, short of the load producer's message timeout.
+SOURCE_DOWN_S = 40.0
+
+
+def test_a_source_down_past_the_wrappers_session_and_call_budgets_is_waited_out(
+    pair: Pair, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The source cluster down for 40 s mid-stream: the wrapper's consumer loses its group session and its
+    offset commits fail for longer than any one call's budget; it stays up, rejoins when the source is back
+    and the copy is exact (a replay it sends again is dropped by the deduper).
+    """
+    topic, producer = streamed_topic(pair, unique_name("srcdown"), per_partition=3000, rate_per_s=600)
+    with flow_over(pair, tmp_path, unique_name, topic) as flow:
+        flow.deduper.wait_for_log("ready (now own", 60)
+        producer.start()
+        wait_until(lambda: producer.sent >= producer.per_partition * PARTITIONS // 3, 60, message="a third sent")
+        bounce(pair.source, signal.SIGKILL, SOURCE_DOWN_S)
+        check_copy(pair, flow, topic, producer)
+    output = flow.wrapper.output()
+    assert "SESSTMOUT" in output, output[-4000:]  # the path under test: the group session ran out meanwhile
+    # One outage, reported back once the source was: with its partitions lost to the session timeout, the
+    # wrapper had nothing left to commit and took that for an answer, "back" (and SERVING) every commit interval.
+    back = [float(s) for s in re.findall(r"cluster 'src' \(.*?\) is back after ([0-9.]+) s", output)]
+    assert len(back) == 1 and back[0] >= SOURCE_DOWN_S - 5, back
 
 
 #: The deadline of ``audit list --server`` while the destination is down (the CLI's default is 5 s).

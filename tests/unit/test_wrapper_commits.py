@@ -202,6 +202,19 @@ def test_a_synchronous_commit_failure_is_reported_not_raised(clock: _Clock) -> N
     assert not s.health.reachable
 
 
+def test_nothing_left_to_commit_says_nothing_of_the_sources_health(clock: _Clock) -> None:
+    """Partitions lost to a session timeout while the source is down leave nothing to commit: the source
+    stayed down (it was reported back every commit interval, SERVING, while it was still away)."""
+    s = commits_with_acks()
+    s.health.down("source consumer: 1/1 brokers are down")
+    for key in (K, K2):
+        s.tracker.forget(key)
+    s.commits.commit(synchronous=False)
+    s.commits.commit()
+    assert s.consumer.calls == []
+    assert not s.health.reachable
+
+
 def test_positions_of_partitions_no_longer_described_send_no_commit() -> None:
     """An empty commit is refused by librdkafka (_NO_OFFSET): none is sent."""
     s = commits_with_acks()

@@ -125,7 +125,10 @@ class SourceCommits:
         positions = self._tracker.commit_positions(keys)
         if not positions:
             if keys is None:
-                self._passed()  # everything acknowledged is committed
+                # Everything acknowledged is committed: no failure is pending, but nothing was asked of the
+                # cluster either, so this says nothing of its health (the partitions may have been lost to
+                # a session timeout while the source is down).
+                self._settled()
             return None
         # The topic id rides along as commit metadata: after a source topic is
         # deleted and re-created, old offsets are recognised as meaningless.
@@ -193,10 +196,14 @@ class SourceCommits:
             self._health.down(f"source offset commits failing for {now - self._failing_since:.0f} s: {error}")
 
     def _passed(self) -> None:
+        """A commit completed: the source answered."""
+        self._settled()
+        self._health.up()
+
+    def _settled(self) -> None:
         if self._failing_since is not None:
             self._failing_since = None
             _log.info("source offset commits pass again")
-        self._health.up()
 
     def shutdown(self) -> None:
         """Let the watchdog's worker thread end."""
