@@ -47,6 +47,14 @@ from ferryman.naming import FlowNames
 from ferryman.rpc import RpcBindError
 
 #: The audit scheduler to go through instead of running Spark here (its auditor.listen_address).
+TopicOption = Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")]
+MasterOption = Annotated[
+    str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
+]
+ReportsDirOption = Annotated[
+    Path | None,
+    typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
+]
 ServerOption = Annotated[
     str | None,
     typer.Option(
@@ -157,7 +165,7 @@ def run(
     *,
     config: ConfigOption = None,
     flow: FlowOption = None,
-    topic: Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")] = None,
+    topic: TopicOption = None,
     start_offsets: Annotated[
         str | None, typer.Option(help="First source offsets, partition=offset,... (default: since the last audit).")
     ] = None,
@@ -166,13 +174,8 @@ def run(
     ] = None,
     since: Annotated[str | None, typer.Option(help="Time window start: ISO-8601 or ms since the epoch.")] = None,
     until: Annotated[str | None, typer.Option(help="Time window end (exclusive).")] = None,
-    master: Annotated[
-        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
-    ] = None,
-    reports_dir: Annotated[
-        Path | None,
-        typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
-    ] = None,
+    master: MasterOption = None,
+    reports_dir: ReportsDirOption = None,
     output: OutputOption = "text",
     connection: ConnectionOptions,
 ) -> int:
@@ -232,7 +235,7 @@ def schedule(
     *,
     config: ConfigOption = None,
     flow: FlowOption = None,
-    topic: Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")] = None,
+    topic: TopicOption = None,
     interval_s: Annotated[
         float | None,
         typer.Option(
@@ -260,13 +263,8 @@ def schedule(
             show_default=False,
         ),
     ] = None,
-    master: Annotated[
-        str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
-    ] = None,
-    reports_dir: Annotated[
-        Path | None,
-        typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
-    ] = None,
+    master: MasterOption = None,
+    reports_dir: ReportsDirOption = None,
     log_level: Annotated[str, typer.Option(envvar="FERRYMAN_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR.")] = (
         "INFO"
     ),
