@@ -46,7 +46,6 @@ from ferryman.errors import ConfigError, FerrymanError
 from ferryman.naming import FlowNames
 from ferryman.rpc import RpcBindError
 
-#: The audit scheduler to go through instead of running Spark here (its auditor.listen_address).
 TopicOption = Annotated[list[str] | None, typer.Option("--topic", help="Source topic to audit (repeatable).")]
 MasterOption = Annotated[
     str | None, typer.Option(envvar="FERRYMAN_SPARK_MASTER", help="Spark master (default local[2 x cores]).")
@@ -55,6 +54,7 @@ ReportsDirOption = Annotated[
     Path | None,
     typer.Option(envvar="FERRYMAN_AUDIT_REPORTS_DIR", help="Directory of Parquet reports (default: none)."),
 ]
+#: The audit scheduler to go through instead of running Spark here (its auditor.listen_address).
 ServerOption = Annotated[
     str | None,
     typer.Option(
