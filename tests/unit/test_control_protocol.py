@@ -8,6 +8,7 @@ what arrives on each stream), stopped and restarted under it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -485,3 +486,35 @@ def test_specs_changed_during_the_handshake_reach_the_deduper(probe: LinkProbe) 
         wait_until(lambda: len(recorder.kinds(-1)) >= 2, LINK_TIMEOUT_S, message="specs after the welcome")
         assert recorder.kinds(-1) == ["hello", "topic_specs"]
         assert [s.topic for s in recorder.streams[-1][1].topic_specs.specs] == ["orders", "payments"]
+
+
+def test_how_a_stream_ended_decides_what_the_wrapper_logs(probe: LinkProbe, caplog: pytest.LogCaptureFixture) -> None:
+    """A deduper's drain (`end_streams`) is news, not a fault; a lost server is a warning; our own stop is silent."""
+    caplog.set_level(logging.INFO, logger="ferryman_wrapper._control")
+    port = reserve_port()
+
+    def said(level: int, text: str) -> bool:
+        return any(r.levelno == level and text in r.getMessage() for r in wrapper_said())
+
+    def wrapper_said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "ferryman_wrapper._control"]
+
+    with running(probe.link(port)) as link:
+        draining = ControlHub("d1", "flow")
+        with control_server(draining, listen_address=local(port)):
+            wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up")
+            draining.end_streams()
+            wait_until(lambda: said(logging.INFO, "closed by the deduper"), LINK_TIMEOUT_S, message="drain heard")
+        assert not said(logging.WARNING, "lost")
+        assert probe.backpressure[-1:] == [(False, "control link lost")]  # fails open all the same
+
+        caplog.clear()
+        with control_server(ControlHub("d2", "flow"), listen_address=local(port)):
+            wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up to the next deduper")
+        wait_until(lambda: said(logging.WARNING, "lost; the data path goes on"), LINK_TIMEOUT_S, message="loss")
+
+        caplog.clear()
+        with control_server(ControlHub("d3", "flow"), listen_address=local(port)):
+            wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up to a third deduper")
+            link.stop()
+            assert [r.getMessage() for r in wrapper_said() if "up (" not in r.getMessage()] == []

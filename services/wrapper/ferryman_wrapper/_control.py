@@ -161,6 +161,7 @@ class ControlLink:
                 self._stop.wait(backoff)
                 continue
             stream = _Stream()
+            closed_by_peer = False
             try:
                 self.connects += 1
                 self._stream = stream
@@ -169,6 +170,7 @@ class ControlLink:
                 for response in self._call:
                     backoff = _BACKOFF_INITIAL_S
                     self._dispatch(response, stream)
+                closed_by_peer = True  # the deduper ended the stream with OK: its drain (`end_streams`)
             except grpc.RpcError as exc:
                 err = rpc_error_from(exc)
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -177,14 +179,19 @@ class ControlLink:
                 elif not self._stop.is_set():
                     _log.warning("control link to %s down: %s", self.address, err)
             finally:
-                self._disconnected(stream)
+                self._disconnected(stream, closed_by_peer=closed_by_peer)
                 channel.close()
             if self._stop.wait(backoff * random.uniform(0.8, 1.2)):  # jitter: no reconnect storms
                 break
             backoff = min(backoff * 2, self._rpc.connect_backoff_max_s)
 
-    def _disconnected(self, stream: _Stream) -> None:
-        if stream.welcomed:
+    def _disconnected(self, stream: _Stream, *, closed_by_peer: bool) -> None:
+        """A stream ended: say how (a fault is a warning; a drain on either side is not), fail open."""
+        if not stream.welcomed or self._stop.is_set():
+            pass  # never up, or this wrapper is stopping: nothing an operator needs to hear
+        elif closed_by_peer:
+            _log.info("control link to %s closed by the deduper (it is shutting down); dialling again", self.address)
+        else:
             _log.warning("control link to %s lost; the data path goes on without it", self.address)
         stream.ended.set()  # sends are refused and the request generator ends
         self._call = None
