@@ -12,8 +12,9 @@ import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from tests.helpers.kafka import KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
+from tests.helpers.kafka import ConsumedRecord, KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.services import ServiceProcess, running_flow, write_flow_config
+from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.integration
 
@@ -136,6 +137,53 @@ def test_recreated_source_topic_is_noticed_and_replicated(
         if wrapper_running:
             f.wrapper.wait_for_log("was re-created (new topic id)", 30)
             assert f.wrapper.alive
+
+
+def test_a_destination_topic_deleted_under_the_flow_is_made_again_and_stops_no_other_topic(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """An operator deletes one destination topic of a running flow while records stream to every topic.
+
+    Before the fix the deleted topic failed every transaction that wrote it (the producer waited for a
+    partition that no longer existed, then timed out), and with them every other topic's records: the whole
+    flow stalled for good, one "Message timed out" warning every ~20 s, the topic never named. Now the failed
+    transaction's recovery finds the topic gone, its next record makes it again, and the flow goes on from
+    where it was: the other topic is an exact copy; the deleted one holds, per partition, exactly the source's
+    records from the flow's position at the deletion on, once each and in order (what it held before is
+    gone, and the deduper says so).
+    """
+    prefix = unique_name("dstdel")
+    kept, deleted = f"{prefix}-kept", f"{prefix}-gone"
+    for topic in (kept, deleted):
+        create_topic(source_cluster.bootstrap_servers, topic, 2)
+    stream = SequenceProducer(source_cluster.bootstrap_servers, [kept, deleted], 2, per_partition=2500, rate_per_s=500)
+    flow = unique_name("flow")
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"]) as f:
+        stream.start()
+        copy = f"src.{deleted}"
+        read_all(destination_cluster.bootstrap_servers, copy, expected=500, timeout_s=90)
+        admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+        admin.delete_topics([copy])[copy].result(30)
+        wait_until(lambda: copy not in admin.list_topics(timeout=10).topics, timeout_s=30)
+        stream.join(120)
+        assert stream.error is None and not stream.is_alive()
+        src = read_all(source_cluster.bootstrap_servers, kept)
+        dst = read_all(destination_cluster.bootstrap_servers, f"src.{kept}", expected=5000, timeout_s=120)
+        assert_exact_copy(src, dst)
+        f.deduper.wait_for_log(f"destination topic {copy} was deleted while flow records were written", 30)
+        src = read_all(source_cluster.bootstrap_servers, deleted)
+        wait_until(lambda: _ends_with_last_record(destination_cluster, copy, src), timeout_s=60)
+        dst = read_all(destination_cluster.bootstrap_servers, copy)
+        assert_exact_copy({p: recs[len(recs) - len(dst[p]) :] for p, recs in src.items()}, dst)
+        assert all(0 < len(dst[p]) < 2500 for p in src), {p: len(r) for p, r in dst.items()}
+        for proc in (f.wrapper, f.deduper):
+            assert proc.alive and proc.starts == 1, proc.output()[-4000:]
+
+
+def _ends_with_last_record(cluster: KafkaCluster, topic: str, source: Mapping[int, Sequence[ConsumedRecord]]) -> bool:
+    """Whether every partition of topic holds the last record of its source partition (the copy caught up)."""
+    dst = read_all(cluster.bootstrap_servers, topic, timeout_s=10)
+    return all(dst.get(p) and dst[p][-1].content() == recs[-1].content() for p, recs in source.items())
 
 
 def test_staging_topic_with_wrong_shape_fails_fast(

@@ -51,6 +51,9 @@ class _Admin:
     hidden: set[str] = field(default_factory=set)
     requests: list[tuple[str, list[str]]] = field(default_factory=list)
     created: dict[str, NewTopic] = field(default_factory=dict)
+    #: Topic ids as DescribeTopics gives them (a new one per creation); the tests that look at them map
+    #: ``topics.uuid_bytes`` to the identity.
+    ids: dict[str, bytes] = field(default_factory=dict)
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.requests]
@@ -60,7 +63,7 @@ class _Admin:
         self.requests.append(("describe", names))
         unknown = KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         return {
-            name: _done(SimpleNamespace(topic_id=None, partitions=[0] * self.partitions[name]))
+            name: _done(SimpleNamespace(topic_id=self.ids.get(name), partitions=[0] * self.partitions[name]))
             if name in self.partitions and name not in self.hidden
             else _done(error=unknown)
             for name in names
@@ -78,6 +81,7 @@ class _Admin:
                 continue
             self.created[t.topic] = t
             self.partitions[t.topic] = t.num_partitions
+            self.ids[t.topic] = f"{t.topic}#{len(self.requests)}".encode()
             out[t.topic] = _done()
         return out
 
@@ -330,3 +334,46 @@ def test_a_misfit_topic_stops_the_deduper() -> None:
     hub.specs.put(_spec("t0", 2))
     with pytest.raises(DestinationTopicError):
         ticker.tick(0.0)
+
+
+def test_a_destination_topic_deleted_or_recreated_under_the_flow_is_forgotten_and_made_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a failed transaction the deduper asks which ready topics vanished (one describe for them all).
+
+    A deleted topic failed every transaction that wrote it, and with them every other topic's records, for
+    as long as the deduper kept it ready: forgotten, the next record makes it again. Each is named once
+    made ready again; one a broker merely did not know for a moment is not news.
+    """
+    monkeypatch.setattr(topics, "uuid_bytes", lambda topic_id: topic_id or b"")
+    caplog.set_level(logging.INFO, logger="ferryman_deduper._destinations")
+    admin = _Admin()
+    dest, _producer = _destinations(admin, wrote=["src.a", "src.b"])
+    dest.add_specs([_spec("a", 2), _spec("b", 2), _spec("c", 2)])
+    del admin.requests[:]
+    assert dest.forget_vanished() == []
+    assert [(kind, sorted(names)) for kind, names in admin.requests] == [("describe", ["src.a", "src.b", "src.c"])]
+
+    del admin.partitions["src.a"], admin.ids["src.a"]  # deleted by an operator
+    admin.ids["src.b"] = b"someone else's"  # deleted and made again by someone else
+    assert dest.forget_vanished() == ["src.a", "src.b"]
+    del admin.requests[:]
+    assert _resolve(dest, "a") == "src.a"
+    assert ("create", ["src.a"]) in admin.requests  # made again
+    del admin.requests[:]
+    assert _resolve(dest, "b") == "src.b"
+    assert "create" not in admin.kinds()  # taken as it is
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2
+    assert errors[0].startswith("destination topic src.a was deleted while flow records were written to it")
+    assert errors[1].startswith("destination topic src.b was deleted and re-created by someone else")
+    assert all("audits report them missing" in e for e in errors)
+    assert dest.forget_vanished() == []  # the new incarnations are the ready ones now
+
+    caplog.clear()
+    admin.hidden.add("src.c")  # a broker that does not know the topic for a moment
+    assert dest.forget_vanished() == ["src.c"]
+    admin.hidden.clear()
+    assert _resolve(dest, "c") == "src.c"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("src.c is there after all" in r.getMessage() for r in caplog.records)

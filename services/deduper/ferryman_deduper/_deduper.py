@@ -571,6 +571,7 @@ class Deduper:
                 # its partitions go with it, and the new consumer restores what it is assigned.
                 self._replace_failed_consumer()
             self._rewind()
+            self._forget_vanished_destinations(what)
         except FencedError:
             raise
         except (KafkaException, FerrymanError) as again:
@@ -590,6 +591,23 @@ class Deduper:
         self._health_dirty = True
         self._apply_health()
         return True
+
+    def _forget_vanished_destinations(self, what: str) -> None:
+        """After a failed transaction: forget destination topics deleted (or re-created) under the flow.
+
+        Best effort: a cluster that does not answer now is asked again after the next failure.
+        """
+        try:
+            gone = self._destinations.forget_vanished()
+        except (KafkaException, FerrymanError) as exc:
+            _log.debug("%s: could not check the destination topics: %s", what, exc)
+            return
+        if gone:
+            _log.warning(
+                "%s: destination topics %s are gone or re-created; each is made again by its next record",
+                what,
+                ", ".join(gone),
+            )
 
     def _unstick(self, what: str) -> None:
         """A recovery failing for STUCK_RECOVERY_S while the destination answers: replace the staging consumer."""

@@ -51,6 +51,8 @@ _Ident = tuple[str, str]
 class _Ready:
     name: str
     partitions: int
+    topic_id: bytes = b""
+    """The incarnation made ready (DescribeTopics' id); a topic deleted or re-created since has another or none."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ class DestinationTopics:
         self._configs_exclude: tuple[re.Pattern[str], ...] = ()
         self._specs: dict[_Ident, state_pb2.TopicSpec] = {}
         self._ready: dict[_Ident, _Ready] = {}
+        #: Topics forgotten by `forget_vanished` and not made ready again yet, with the id they had.
+        self._vanished: dict[str, bytes] = {}
         self.producer: Producer | None = None
         self._tail: Consumer | None = None
         self._checker: Consumer | None = None
@@ -262,6 +266,7 @@ class DestinationTopics:
             if want.name not in existing:
                 missing.setdefault(want.name, want)
         unseen: list[str] = []
+        self._say_vanished([w for w in wants if w.name in self._vanished], missing.keys(), existing)
         if missing:
             topics.create_topics(
                 self._admin,
@@ -285,7 +290,9 @@ class DestinationTopics:
         ready: dict[_Ident, _Ready] = {}
         for want in wants:
             if want.name in shown:
-                ready[want.ident] = self._ready[want.ident] = _Ready(want.name, final[want.name])
+                ready[want.ident] = self._ready[want.ident] = _Ready(
+                    want.name, final[want.name], existing[want.name].topic_id
+                )
         _log.info(
             "destination topics of %d source topics ready in %.2f s: %d created, %d grown, %d found and checked%s",
             len(ready),
@@ -307,6 +314,57 @@ class DestinationTopics:
                 TimeoutError(f"partitions not in the producer's metadata after {self._timeout_s:.0f} s"),
             )
         return ready
+
+    def forget_vanished(self) -> list[str]:
+        """Forget the ready topics that are gone from the cluster, or were re-created, since they were made ready.
+
+        A destination topic deleted under a running flow fails every transaction that writes it (the
+        producer waits for a partition that no longer exists, then times out), and with them every other
+        topic's records: forgotten, it is made again by the next record of its source topic (``resolve``).
+        One DescribeTopics request for every ready topic; called after a failed transaction.
+
+        Returns:
+            The names forgotten.
+
+        Raises:
+            KafkaOperationError, KafkaException: the cluster did not answer (transient: nothing forgotten).
+        """
+        names = {ready.name for ready in self._ready.values()}
+        if not names:
+            return []
+        found = topics.describe_topics(self._admin, names, min(self._timeout_s, REQUEST_TIMEOUT_S))
+        gone = {
+            ident: ready
+            for ident, ready in self._ready.items()
+            if ready.name not in found or (ready.topic_id and found[ready.name].topic_id != ready.topic_id)
+        }
+        for ident in gone:
+            del self._ready[ident]
+        self._vanished.update({ready.name: ready.topic_id for ready in gone.values()})
+        return sorted({ready.name for ready in gone.values()})
+
+    def _say_vanished(
+        self, wants: Sequence[_Want], missing: Collection[str], existing: Mapping[str, topics.TopicInfo]
+    ) -> None:
+        """Name the topics forgotten by `forget_vanished` as they are made ready again: deleted, or re-created.
+
+        A topic found again as it was (a broker that did not know it yet answered the describe) is not news.
+        """
+        for name in sorted({w.name for w in wants}):
+            was = self._vanished.pop(name)
+            if name not in missing and existing[name].topic_id == was:
+                _log.info("destination topic %s is there after all (same topic id)", name)
+                continue
+            source = next(w.spec.topic for w in wants if w.name == name)
+            _log.error(
+                "destination topic %s was %s while flow records were written to it: %s. The records of source "
+                "topic %s copied into it before are not at the destination any more (audits report them "
+                "missing); replication goes on from where the flow was, exactly once",
+                name,
+                "deleted" if name in missing else "deleted and re-created by someone else",
+                "creating it again" if name in missing else "writing the new topic",
+                source,
+            )
 
     def _new_topic(self, name: str, partitions: int, spec: state_pb2.TopicSpec) -> NewTopic:
         """A destination topic as created: the source's replicable configs, less the flow's exclusions."""
