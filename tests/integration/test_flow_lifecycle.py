@@ -180,6 +180,37 @@ def test_a_destination_topic_deleted_under_the_flow_is_made_again_and_stops_no_o
             assert proc.alive and proc.starts == 1, proc.output()[-4000:]
 
 
+def test_a_staging_topic_deleted_under_the_flow_is_made_again_and_the_copy_stays_exact(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """An operator deletes the flow's staging topic while records stream: the copy ends exact, nothing restarts.
+
+    Before the fix nothing made staging again (only start-up did): every wrapper write failed on an unknown
+    topic and the wrapper rewound for good, the deduper warned about an unknown topic, and replication stopped.
+    Now the wrapper makes the staging (and spec) topics again when its writes fail on an unknown topic; the
+    deduper notices the new topic id within its sync interval and reads the new topic from its start with a
+    new consumer; envelopes lost with the old topic show as a gap that the wrapper's resends close.
+    """
+    topic = unique_name("stagingdel")
+    create_topic(source_cluster.bootstrap_servers, topic, 2)
+    stream = SequenceProducer(source_cluster.bootstrap_servers, [topic], 2, per_partition=5000, rate_per_s=500)
+    flow = unique_name("flow")
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
+        stream.start()
+        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
+        staging = f"ferryman.{flow}.staging.internal"
+        admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+        admin.delete_topics([staging])[staging].result(30)
+        stream.join(120)
+        assert stream.error is None and not stream.is_alive()
+        src = read_all(source_cluster.bootstrap_servers, topic)
+        assert_exact_copy(src, read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=10000))
+        f.wrapper.wait_for_log(f"internal topics {staging} were deleted under the running flow: making them", 10)
+        f.deduper.wait_for_log(f"staging topic {staging} was deleted and made again under the running flow", 10)
+        for proc in (f.wrapper, f.deduper):
+            assert proc.alive and proc.starts == 1, proc.output()[-4000:]
+
+
 def _ends_with_last_record(cluster: KafkaCluster, topic: str, source: Mapping[int, Sequence[ConsumedRecord]]) -> bool:
     """Whether every partition of topic holds the last record of its source partition (the copy caught up)."""
     dst = read_all(cluster.bootstrap_servers, topic, timeout_s=10)

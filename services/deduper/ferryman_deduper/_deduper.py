@@ -159,6 +159,9 @@ class Deduper:
         self._live: LiveFlow | None = None
         #: The flow is deleted (or re-created as this process cannot run it): idle, NOT_SERVING.
         self._flow_idle = False
+        #: The destination's admin client (after start-up), and the id of the staging topic this deduper reads.
+        self._admin: AdminClient | None = None
+        self._staging_id: bytes | None = None
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -358,6 +361,12 @@ class Deduper:
             lambda: self._ensure_topics(admin),
             what="making the internal topics",
         )
+        self._admin = admin
+        staging = self._names.staging_topic
+        self._staging_id = step(
+            lambda: topics.describe_topics(admin, [staging], _ADMIN_TIMEOUT_S)[staging].topic_id,
+            what="describing the staging topic",
+        )
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
         self._flow = step(
@@ -481,6 +490,7 @@ class Deduper:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._destinations.sync_all()
+                    self._follow_staging_topic()
                     next_sync = now + _SPEC_SYNC_INTERVAL_S
             except FencedError:
                 raise
@@ -591,6 +601,27 @@ class Deduper:
         self._health_dirty = True
         self._apply_health()
         return True
+
+    def _follow_staging_topic(self) -> None:
+        """Notice a staging topic deleted and made again (by a wrapper) under the flow: read the new one.
+
+        A topic that is gone now is left to the wrappers, which make it again when their writes fail.
+        """
+        assert self._admin is not None
+        staging = self._names.staging_topic
+        info = topics.describe_topics(self._admin, [staging], _ADMIN_TIMEOUT_S).get(staging)
+        if info is None or info.topic_id == self._staging_id:
+            return
+        _log.error(
+            "staging topic %s was deleted and made again under the running flow: reading the new one from its "
+            "start (envelopes lost with the old one are asked for again from the wrappers)",
+            staging,
+        )
+        if self._txn.open:
+            self._txn.recover(_generation_lost("the staging topic was made again"), "staging topic made again")
+        self._gaps.clear()
+        self._parts.read_anew()
+        self._staging_id = info.topic_id
 
     def _forget_vanished_destinations(self, what: str) -> None:
         """After a failed transaction: forget destination topics deleted (or re-created) under the flow.

@@ -99,6 +99,9 @@ class StagingPartitions:
         self.expected: dict[int, int] = {}
         self.staging_losses: list[control_pb2.StagingLoss] = []
         """Staging ranges deleted before this deduper read them, since start (status)."""
+        #: Staging partitions whose next restore starts at the log start, not at the group's committed
+        #: offset: the staging topic was made again, and those offsets are the old topic's (``read_anew``).
+        self._anew: set[int] = set()
 
     # --------------------------------------------------------------- consumer
     def start(self) -> None:
@@ -247,10 +250,25 @@ class StagingPartitions:
                 self.last_dest_offset[key] = st.destination_offset
                 restored += 1
         _log.info("restored %d source-partition watermarks for staging partitions %s", restored, partitions)
+        anew, self._anew = self._anew & set(partitions), self._anew - set(partitions)
         for tp in committed:
-            if tp.offset >= 0:
+            if tp.offset >= 0 and tp.partition not in anew:
                 self.expected[tp.partition] = tp.offset
-        return {tp.partition: (tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in committed}
+        return {
+            tp.partition: (tp.offset if tp.offset >= 0 and tp.partition not in anew else OFFSET_BEGINNING)
+            for tp in committed
+        }
+
+    def read_anew(self) -> None:
+        """The staging topic was made again: a new consumer, reading each partition from its start once.
+
+        librdkafka may never fetch a topic it knew by its old id (the wrapper meets the same with a
+        re-created source topic), and the group's committed offsets are the old topic's. Records read
+        again are dropped as duplicates by the watermarks; envelopes lost with the old topic show as gaps.
+        The caller must abort the open transaction first.
+        """
+        self._anew = set(range(self._n))
+        self.rebuild_consumer()
 
     def note_position(self, sp: int, offset: int) -> None:
         """A record at offset was read from staging partition sp: report staging records deleted unread.

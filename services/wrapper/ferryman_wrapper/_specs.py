@@ -151,6 +151,24 @@ class SpecPublisher:
             self._seen_at[name] = view.started
         return sorted(self.published.keys() & set(view.names))
 
+    def republish(self) -> None:
+        """Publish every spec again: the spec topic was made again, empty (``StagingTopics.make_again_if_deleted``)."""
+        errors: list[str] = []
+
+        def on_delivery(err: object, _msg: object) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        specs = list(self.published.values())
+        for spec in specs:
+            self.producer.produce(
+                self.specs_topic,
+                key=spec_key(self.cluster_id, spec.topic),
+                value=spec.SerializeToString(),
+                on_delivery=on_delivery,
+            )
+        self._confirm(specs, errors)
+
     def _confirm(self, changed: list[state_pb2.TopicSpec], errors: list[str]) -> None:
         """Wait until the destination has the changed specs, then record and announce them."""
         remaining = self.producer.flush(self.timeout_s)

@@ -9,6 +9,7 @@ it, if that watermark is of the topic's current incarnation.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,8 @@ from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, decode_waterma
 from ferryman.topics import InternalTopic
 
 from ferryman_wrapper._specs import SpecPublisher
+
+_log = logging.getLogger(__name__)
 
 #: Staging records are kept a week by default: longer than any deduper outage
 #: we plan for, and long enough for an audit to look back.
@@ -94,6 +97,34 @@ class StagingTopics:
         topics.ensure_internal_topics(
             self._admin(), wanted, self._timeout_s, visible_budget_s=self._wc.startup_timeout_s
         )
+
+    def make_again_if_deleted(self) -> list[str]:
+        """After a write failed on an unknown topic: make the staging and spec topics again if they are gone.
+
+        Deleted under a running flow, staging failed every write, and the wrapper rewound for good (nothing made
+        it again: only start-up did). Envelopes in it that no deduper had read are lost with it; the dedupers
+        see them as a gap and ask for them again from the source.
+
+        Returns:
+            The topics made again.
+
+        Raises:
+            KafkaOperationError, KafkaException: the destination did not answer (transient; asked again at the
+                next failure).
+        """
+        names = [self._names.staging_topic, self._names.specs_topic]
+        found = topics.describe_topics(self._admin(), names, self._timeout_s)
+        gone = [name for name in names if name not in found]
+        if gone:
+            _log.error(
+                "internal topics %s were deleted under the running flow: making them again. Envelopes in staging "
+                "that no deduper had read are asked for again from the source (a gap at the deduper)",
+                ", ".join(gone),
+            )
+            self.ensure()
+            if self._names.specs_topic in gone:
+                self._specs().republish()
+        return gone
 
     def deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
         """Watermarks the deduper committed for keys (empty if it never ran)."""

@@ -38,7 +38,7 @@ import uuid
 from concurrent.futures import Future
 from functools import partial
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope, topics
 from ferryman.client_config import base_config
@@ -47,7 +47,7 @@ from ferryman.errors import FencedError, FerrymanError, SourceDataLostError
 from ferryman.flows import UNCHANGED, FlowStore, LiveFlow, stored_or
 from ferryman.group_close import close_group_consumer
 from ferryman.health import ClusterHealth, wait_until_reachable
-from ferryman.kafka_errors import is_transient, wait_out_transient
+from ferryman.kafka_errors import is_transient, kafka_error_of, wait_out_transient
 from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
 from ferryman.rpc import serving
@@ -340,9 +340,14 @@ class Wrapper:
         self._next_commit = time.monotonic() + self._wc.commit_interval_ms / 1000
         self._next_progress = 0.0
         self._discovery: Future[SourceView] | None = None  # the periodic source reads run off this thread
+        #: A step failed on a topic the cluster does not know: is staging gone? (asked before the rewind)
+        self._unknown_topic_met = False
         while not self._stop.is_set():
             try:
                 if self._recovery.reason:
+                    if self._unknown_topic_met:
+                        self._staging.make_again_if_deleted()
+                        self._unknown_topic_met = False
                     self._clients.rewind(self._recovery.reason)
                     self._recovery.recovered()
                 self._step()
@@ -351,6 +356,7 @@ class Wrapper:
             except (KafkaException, FerrymanError) as exc:
                 if not is_transient(exc):
                     raise
+                self._unknown_topic_met = self._unknown_topic_met or _unknown_topic(exc)
                 self._recovery.failed(exc)
             self.source_health.tick()
             self.target_health.tick()
@@ -474,3 +480,9 @@ class Wrapper:
         """Before partitions leave (revoke): everything sent acknowledged and committed, so nothing is re-sent."""
         self._clients.producer.flush(self._wc.shutdown_timeout_s)
         self._commits.hand_over(keys)
+
+
+def _unknown_topic(exc: BaseException) -> bool:
+    """Whether a step failed on a topic the cluster does not know (staging deleted under the flow?)."""
+    err = kafka_error_of(exc) or (kafka_error_of(exc.__cause__) if exc.__cause__ is not None else None)
+    return err is not None and err.code() in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
