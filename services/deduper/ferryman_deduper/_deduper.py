@@ -619,6 +619,8 @@ class Deduper:
         )
         if self._txn.open:
             self._txn.recover(_generation_lost("the staging topic was made again"), "staging topic made again")
+            if self._data.traces is not None:
+                self._data.traces.aborted("the staging topic was made again")
         self._gaps.clear()
         self._parts.read_anew()
         self._staging_id = info.topic_id
