@@ -115,12 +115,6 @@ class SpecPublisher:
         """
         infos = {n: i for n, i in view.infos.items() if view.started >= self._seen_at.get(n, view.started)}
         changed = []
-        errors: list[str] = []
-
-        def on_delivery(err: object, _msg: object) -> None:
-            if err is not None:
-                errors.append(str(err))
-
         for name, info in infos.items():
             spec = state_pb2.TopicSpec(
                 cluster_id=self.cluster_id,
@@ -138,28 +132,26 @@ class SpecPublisher:
             ):
                 continue
             spec.observed_at_ms = int(time.time() * 1000)
-            self.producer.produce(
-                self.specs_topic,
-                key=spec_key(self.cluster_id, name),
-                value=spec.SerializeToString(),
-                on_delivery=on_delivery,
-            )
             changed.append(spec)
         if changed:
-            self._confirm(changed, errors)
+            self._send(changed)
         for name in infos:
             self._seen_at[name] = view.started
         return sorted(self.published.keys() & set(view.names))
 
     def republish(self) -> None:
         """Publish every spec again: the spec topic was made again, empty (``StagingTopics.make_again_if_deleted``)."""
+        if self.published:
+            self._send(list(self.published.values()))
+
+    def _send(self, specs: list[state_pb2.TopicSpec]) -> None:
+        """Produce specs to the spec topic, then confirm them (``_confirm``)."""
         errors: list[str] = []
 
         def on_delivery(err: object, _msg: object) -> None:
             if err is not None:
                 errors.append(str(err))
 
-        specs = list(self.published.values())
         for spec in specs:
             self.producer.produce(
                 self.specs_topic,
