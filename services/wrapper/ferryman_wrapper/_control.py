@@ -187,12 +187,13 @@ class ControlLink:
 
     def _disconnected(self, stream: _Stream, *, closed_by_peer: bool) -> None:
         """A stream ended: say how (a fault is a warning; a drain on either side is not), fail open."""
-        if not stream.welcomed or self._stop.is_set():
-            pass  # never up, or this wrapper is stopping: nothing an operator needs to hear
-        elif closed_by_peer:
-            _log.info("control link to %s closed by the deduper (it is shutting down); dialling again", self.address)
-        else:
-            _log.warning("control link to %s lost; the data path goes on without it", self.address)
+        if stream.welcomed and not self._stop.is_set():  # never up, or this wrapper is stopping: nothing to say
+            if closed_by_peer:
+                _log.info(
+                    "control link to %s closed by the deduper (it is shutting down); dialling again", self.address
+                )
+            else:
+                _log.warning("control link to %s lost; the data path goes on without it", self.address)
         stream.ended.set()  # sends are refused and the request generator ends
         self._call = None
         # Fail open: a pause asked for over a link that is gone is lifted.
