@@ -266,6 +266,12 @@ class Deduper:
         return wanted & self._written_destinations
 
     def _ensure_topics(self, admin: AdminClient) -> None:
+        topics.ensure_internal_topics(
+            admin, self._internal_topics(), _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
+        )
+
+    def _internal_topics(self) -> list[InternalTopic]:
+        """The internal topics the deduper makes at start-up (shapes checked there)."""
         n = self._flow.staging_partitions
         staging_configs = {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)}
         wanted = [
@@ -284,7 +290,7 @@ class Deduper:
         if self._flow.emit_offset_mappings:
             wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
         wanted.append(dedupers_topic(self._names))  # where the Advertiser writes
-        topics.ensure_internal_topics(admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s)
+        return wanted
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -626,12 +632,16 @@ class Deduper:
         self._staging_id = info.topic_id
 
     def _forget_vanished_destinations(self, what: str) -> None:
-        """After a failed transaction: forget destination topics deleted (or re-created) under the flow.
+        """After a failed transaction: topics deleted under the flow (destinations, offset map, dead letters).
+
+        Destination topics gone or re-created are forgotten (``forget_vanished``); the offset-map and
+        dead-letter topics are made again (``_make_again_if_deleted``).
 
         Best effort: a cluster that does not answer now is asked again after the next failure.
         """
         try:
             gone = self._destinations.forget_vanished()
+            self._make_again_if_deleted()
         except (KafkaException, FerrymanError) as exc:
             _log.debug("%s: could not check the destination topics: %s", what, exc)
             return
@@ -640,6 +650,28 @@ class Deduper:
                 "%s: destination topics %s are gone or re-created; each is made again by its next record",
                 what,
                 ", ".join(gone),
+            )
+
+    def _make_again_if_deleted(self) -> None:
+        """Make the offset-map and dead-letter topics again if they were deleted under the flow.
+
+        Their writes are in the transaction, so their loss failed every transaction. They hold an index
+        and a quarantine, no watermarks: made again, they go on from here. The state topic is never made
+        again here: restored from an empty topic, every watermark would be -1 and every record still in the
+        source would be written again (docs/notes.md).
+        """
+        assert self._admin is not None
+        remakeable = {self._names.offset_map_topic, self._names.dlq_topic}
+        wanted = [t for t in self._internal_topics() if t.name in remakeable]
+        found = topics.describe_topics(self._admin, [t.name for t in wanted], _ADMIN_TIMEOUT_S)
+        gone = [t for t in wanted if t.name not in found]
+        if gone:
+            _log.error(
+                "internal topics %s were deleted under the running flow: making them again (what they held is gone)",
+                ", ".join(t.name for t in gone),
+            )
+            topics.ensure_internal_topics(
+                self._admin, gone, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
             )
 
     def _unstick(self, what: str) -> None:
