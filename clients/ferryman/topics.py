@@ -401,8 +401,8 @@ class InternalTopic:
 
 def ensure_internal_topics(
     admin: AdminClient, wanted: Sequence[InternalTopic], timeout_s: float, *, visible_budget_s: float | None = None
-) -> None:
-    """Create the internal topics that are missing and check the shape of every one.
+) -> list[str]:
+    """Create the internal topics that are missing and check the shape of every one; return those created.
 
     Existing topics are checked before anything is created, so a wrong shape
     stops the service without leaving new topics behind (a corrected
@@ -425,7 +425,7 @@ def ensure_internal_topics(
     _check_shapes(admin, [t for t in wanted if t.name in existing], existing, timeout_s)
     missing = [t for t in wanted if t.name not in existing]
     if not missing:
-        return
+        return []
     create_topics(
         admin,
         [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=dict(t.configs)) for t in missing],
@@ -441,6 +441,7 @@ def ensure_internal_topics(
             TimeoutError(f"created, but not in the cluster's metadata after {budget_s:.0f} s"),
         )
     _check_shapes(admin, missing, found, timeout_s)
+    return [t.name for t in missing]
 
 
 def _check_shapes(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.helpers.kafka import ConsumedRecord, KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
-from tests.helpers.services import ServiceProcess, running_flow, write_flow_config
+from tests.helpers.services import RunningFlow, ServiceProcess, running_flow, write_flow_config
 from tests.helpers.streams import SequenceProducer
 
 pytestmark = pytest.mark.integration
@@ -191,20 +191,9 @@ def test_a_staging_topic_deleted_under_the_flow_is_made_again_and_the_copy_stays
     deduper notices the new topic id within its sync interval and reads the new topic from its start with a
     new consumer; envelopes lost with the old topic show as a gap that the wrapper's resends close.
     """
-    topic = unique_name("stagingdel")
-    create_topic(source_cluster.bootstrap_servers, topic, 2)
-    stream = SequenceProducer(source_cluster.bootstrap_servers, [topic], 2, per_partition=5000, rate_per_s=500)
-    flow = unique_name("flow")
-    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
-        stream.start()
-        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
-        staging = f"ferryman.{flow}.staging.internal"
-        admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
-        admin.delete_topics([staging])[staging].result(30)
-        stream.join(120)
-        assert stream.error is None and not stream.is_alive()
-        src = read_all(source_cluster.bootstrap_servers, topic)
-        assert_exact_copy(src, read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=10000))
+    with _internal_topic_deleted_mid_stream(
+        source_cluster, destination_cluster, unique_name, tmp_path, "staging", per_partition=5000
+    ) as (f, staging, _admin):
         f.wrapper.wait_for_log(f"internal topics {staging} were deleted under the running flow: making them", 10)
         f.deduper.wait_for_log(f"staging topic {staging} was deleted and made again under the running flow", 10)
         for proc in (f.wrapper, f.deduper):
@@ -220,24 +209,42 @@ def test_an_offset_map_topic_deleted_under_the_flow_is_made_again_and_the_copy_s
     on exactly once. (The state topic is never made again: restored from an empty topic, every record still in
     the source would be written again; see docs/notes.md.)
     """
-    topic = unique_name("omapdel")
-    create_topic(source_cluster.bootstrap_servers, topic, 2)
-    stream = SequenceProducer(source_cluster.bootstrap_servers, [topic], 2, per_partition=4000, rate_per_s=500)
-    flow = unique_name("flow")
-    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
-        stream.start()
-        read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
-        offset_map = f"ferryman.{flow}.offset-map.internal"
-        admin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
-        admin.delete_topics([offset_map])[offset_map].result(30)
-        stream.join(120)
-        assert stream.error is None and not stream.is_alive()
-        src = read_all(source_cluster.bootstrap_servers, topic)
-        assert_exact_copy(src, read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=8000))
+    with _internal_topic_deleted_mid_stream(
+        source_cluster, destination_cluster, unique_name, tmp_path, "offset-map", per_partition=4000
+    ) as (f, offset_map, admin):
         f.deduper.wait_for_log(f"internal topics {offset_map} were deleted under the running flow: making", 10)
         assert offset_map in admin.list_topics(timeout=10).topics
         for proc in (f.wrapper, f.deduper):
             assert proc.alive and proc.starts == 1, proc.output()[-4000:]
+
+
+@contextlib.contextmanager
+def _internal_topic_deleted_mid_stream(
+    source: KafkaCluster,
+    destination: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    kind: str,
+    *,
+    per_partition: int,
+) -> Iterator[tuple[RunningFlow, str, AdminClient]]:
+    """A flow streaming a 2-partition topic whose internal topic ``ferryman.<flow>.<kind>.internal`` is deleted
+    once 500 records are copied; yields once the stream is done and the copy is checked exact."""
+    topic = unique_name(f"{kind}del")
+    create_topic(source.bootstrap_servers, topic, 2)
+    stream = SequenceProducer(source.bootstrap_servers, [topic], 2, per_partition=per_partition, rate_per_s=500)
+    flow = unique_name("flow")
+    with running_flow(source, destination, tmp_path, flow=flow, topics=[topic]) as f:
+        stream.start()
+        read_all(destination.bootstrap_servers, f"src.{topic}", expected=500, timeout_s=90)
+        internal = f"ferryman.{flow}.{kind}.internal"
+        admin = AdminClient({"bootstrap.servers": destination.bootstrap_servers})
+        admin.delete_topics([internal])[internal].result(30)
+        stream.join(120)
+        assert stream.error is None and not stream.is_alive()
+        src = read_all(source.bootstrap_servers, topic)
+        assert_exact_copy(src, read_all(destination.bootstrap_servers, f"src.{topic}", expected=2 * per_partition))
+        yield f, internal, admin
 
 
 def _ends_with_last_record(cluster: KafkaCluster, topic: str, source: Mapping[int, Sequence[ConsumedRecord]]) -> bool:

@@ -663,15 +663,13 @@ class Deduper:
         assert self._admin is not None
         remakeable = {self._names.offset_map_topic, self._names.dlq_topic}
         wanted = [t for t in self._internal_topics() if t.name in remakeable]
-        found = topics.describe_topics(self._admin, [t.name for t in wanted], _ADMIN_TIMEOUT_S)
-        gone = [t for t in wanted if t.name not in found]
-        if gone:
+        made = topics.ensure_internal_topics(
+            self._admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
+        )
+        if made:
             _log.error(
                 "internal topics %s were deleted under the running flow: making them again (what they held is gone)",
-                ", ".join(t.name for t in gone),
-            )
-            topics.ensure_internal_topics(
-                self._admin, gone, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
+                ", ".join(made),
             )
 
     def _unstick(self, what: str) -> None:

@@ -70,8 +70,11 @@ class StagingTopics:
         self._specs = specs
         self._timeout_s = timeout_s
 
-    def ensure(self) -> None:
+    def ensure(self) -> list[str]:
         """Make the staging, topic-spec and (when discovering) dedupers topics if missing; check their shape.
+
+        Returns:
+            The topics made.
 
         Raises:
             TopicShapeError: a topic exists with another shape.
@@ -94,7 +97,7 @@ class StagingTopics:
         ]
         if not self._wc.deduper_addresses and self._wc.discover_dedupers:
             wanted.append(dedupers_topic(self._names))  # followed by the deduper discovery
-        topics.ensure_internal_topics(
+        return topics.ensure_internal_topics(
             self._admin(), wanted, self._timeout_s, visible_budget_s=self._wc.startup_timeout_s
         )
 
@@ -112,19 +115,16 @@ class StagingTopics:
             KafkaOperationError, KafkaException: the destination did not answer (transient; asked again at the
                 next failure).
         """
-        names = [self._names.staging_topic, self._names.specs_topic]
-        found = topics.describe_topics(self._admin(), names, self._timeout_s)
-        gone = [name for name in names if name not in found]
-        if gone:
+        made = [name for name in self.ensure() if name in (self._names.staging_topic, self._names.specs_topic)]
+        if made:
             _log.error(
                 "internal topics %s were deleted under the running flow: making them again. Envelopes in staging "
                 "that no deduper had read are asked for again from the source (a gap at the deduper)",
-                ", ".join(gone),
+                ", ".join(made),
             )
-            self.ensure()
-            if self._names.specs_topic in gone:
+            if self._names.specs_topic in made:
                 self._specs().republish()
-        return gone
+        return made
 
     def deduper_watermarks(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
         """Watermarks the deduper committed for keys (empty if it never ran)."""
