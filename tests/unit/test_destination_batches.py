@@ -336,10 +336,17 @@ def test_a_misfit_topic_stops_the_deduper() -> None:
         ticker.tick(0.0)
 
 
+def _found(admin: _Admin, dest: DestinationTopics) -> dict[str, topics.TopicInfo | None]:
+    """What the deduper's topic watch would find for the ready topics: None for those the cluster does not know."""
+    described = topics.describe_topics(admin, dest.ready_names(), 1.0)  # type: ignore[arg-type]
+    return {name: described.get(name) for name in dest.ready_names()}
+
+
 def test_a_destination_topic_deleted_or_recreated_under_the_flow_is_forgotten_and_made_again(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """After a failed transaction the deduper asks which ready topics vanished (one describe for them all).
+    """After a failed transaction the deduper asks which ready topics vanished (one describe for them all,
+    answered off its loop: ``TopicWatch``).
 
     A deleted topic failed every transaction that wrote it, and with them every other topic's records, for
     as long as the deduper kept it ready: forgotten, the next record makes it again. Each is named once
@@ -350,13 +357,13 @@ def test_a_destination_topic_deleted_or_recreated_under_the_flow_is_forgotten_an
     admin = _Admin()
     dest, _producer = _destinations(admin, wrote=["src.a", "src.b"])
     dest.add_specs([_spec("a", 2), _spec("b", 2), _spec("c", 2)])
-    del admin.requests[:]
-    assert dest.forget_vanished() == []
-    assert [(kind, sorted(names)) for kind, names in admin.requests] == [("describe", ["src.a", "src.b", "src.c"])]
+    assert dest.ready_names() == ["src.a", "src.b", "src.c"]
+    assert dest.forget_vanished(_found(admin, dest)) == []
+    assert dest.forget_vanished({}) == []  # no answer: nothing is known, nothing forgotten
 
     del admin.partitions["src.a"], admin.ids["src.a"]  # deleted by an operator
     admin.ids["src.b"] = b"someone else's"  # deleted and made again by someone else
-    assert dest.forget_vanished() == ["src.a", "src.b"]
+    assert dest.forget_vanished(_found(admin, dest)) == ["src.a", "src.b"]
     del admin.requests[:]
     assert _resolve(dest, "a") == "src.a"
     assert ("create", ["src.a"]) in admin.requests  # made again
@@ -368,11 +375,11 @@ def test_a_destination_topic_deleted_or_recreated_under_the_flow_is_forgotten_an
     assert errors[0].startswith("destination topic src.a was deleted while flow records were written to it")
     assert errors[1].startswith("destination topic src.b was deleted and re-created by someone else")
     assert all("audits report them missing" in e for e in errors)
-    assert dest.forget_vanished() == []  # the new incarnations are the ready ones now
+    assert dest.forget_vanished(_found(admin, dest)) == []  # the new incarnations are the ready ones now
 
     caplog.clear()
     admin.hidden.add("src.c")  # a broker that does not know the topic for a moment
-    assert dest.forget_vanished() == ["src.c"]
+    assert dest.forget_vanished(_found(admin, dest)) == ["src.c"]
     admin.hidden.clear()
     assert _resolve(dest, "c") == "src.c"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

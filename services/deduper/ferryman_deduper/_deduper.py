@@ -62,6 +62,7 @@ from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._quarantine import DLQ_HEADER_ROOM_BYTES, Quarantine
+from ferryman_deduper._topic_watch import Found, TopicWatch
 from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
@@ -162,6 +163,8 @@ class Deduper:
         #: The destination's admin client (after start-up), and the id of the staging topic this deduper reads.
         self._admin: AdminClient | None = None
         self._staging_id: bytes | None = None
+        #: Whether the flow's topics still exist, asked off the loop (after start-up).
+        self._watch: TopicWatch | None = None
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -368,6 +371,7 @@ class Deduper:
             what="making the internal topics",
         )
         self._admin = admin
+        self._watch = TopicWatch(admin)
         staging = self._names.staging_topic
         self._staging_id = step(
             lambda: topics.describe_topics(admin, [staging], _ADMIN_TIMEOUT_S)[staging].topic_id,
@@ -496,8 +500,9 @@ class Deduper:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._destinations.sync_all()
-                    self._follow_staging_topic()
+                    self._watch_topics([self._names.staging_topic])
                     next_sync = now + _SPEC_SYNC_INTERVAL_S
+                self._follow_topics()
             except FencedError:
                 raise
             except (KafkaException, FerrymanError) as exc:
@@ -587,7 +592,8 @@ class Deduper:
                 # its partitions go with it, and the new consumer restores what it is assigned.
                 self._replace_failed_consumer()
             self._rewind()
-            self._forget_vanished_destinations(what)
+            # Topics deleted under the flow fail every transaction that writes them: which are gone?
+            self._watch_topics([*self._destinations.ready_names(), *self._remakeable_topics()])
         except FencedError:
             raise
         except (KafkaException, FerrymanError) as again:
@@ -608,20 +614,34 @@ class Deduper:
         self._apply_health()
         return True
 
-    def _follow_staging_topic(self) -> None:
+    def _watch_topics(self, names: Collection[str]) -> None:
+        assert self._watch is not None
+        self._watch.ask(names)
+
+    def _follow_topics(self) -> None:
+        """Act on what the topic watch found: the flow's topics deleted (or made again) under it."""
+        assert self._watch is not None
+        found = self._watch.answers()
+        if not found:
+            return
+        self._follow_staging_topic(found)
+        gone = self._destinations.forget_vanished(found)
+        if gone:
+            _log.warning("destination topics %s are gone or re-created; each is made again by its next record", gone)
+        self._make_again_if_deleted(found)
+
+    def _follow_staging_topic(self, found: Found) -> None:
         """Notice a staging topic deleted and made again (by a wrapper) under the flow: read the new one.
 
         A topic that is gone now is left to the wrappers, which make it again when their writes fail.
         """
-        assert self._admin is not None
-        staging = self._names.staging_topic
-        info = topics.describe_topics(self._admin, [staging], _ADMIN_TIMEOUT_S).get(staging)
+        info = found.get(self._names.staging_topic)
         if info is None or info.topic_id == self._staging_id:
             return
         _log.error(
             "staging topic %s was deleted and made again under the running flow: reading the new one from its "
             "start (envelopes lost with the old one are asked for again from the wrappers)",
-            staging,
+            info.name,
         )
         if self._txn.open:
             self._txn.recover(_generation_lost("the staging topic was made again"), "staging topic made again")
@@ -631,41 +651,30 @@ class Deduper:
         self._parts.read_anew()
         self._staging_id = info.topic_id
 
-    def _forget_vanished_destinations(self, what: str) -> None:
-        """After a failed transaction: topics deleted under the flow (destinations, offset map, dead letters).
-
-        Destination topics gone or re-created are forgotten (``forget_vanished``); the offset-map and
-        dead-letter topics are made again (``_make_again_if_deleted``).
-
-        Best effort: a cluster that does not answer now is asked again after the next failure.
-        """
-        try:
-            gone = self._destinations.forget_vanished()
-            self._make_again_if_deleted()
-        except (KafkaException, FerrymanError) as exc:
-            _log.debug("%s: could not check the destination topics: %s", what, exc)
-            return
-        if gone:
-            _log.warning(
-                "%s: destination topics %s are gone or re-created; each is made again by its next record",
-                what,
-                ", ".join(gone),
-            )
-
-    def _make_again_if_deleted(self) -> None:
-        """Make the offset-map and dead-letter topics again if they were deleted under the flow.
+    def _remakeable_topics(self) -> list[str]:
+        """The internal topics made again when deleted under the flow: the offset map and the dead letters.
 
         Their writes are in the transaction, so their loss failed every transaction. They hold an index
-        and a quarantine, no watermarks: made again, they go on from here. The state topic is never made
-        again here: restored from an empty topic, every watermark would be -1 and every record still in the
-        source would be written again (docs/notes.md).
+        and a quarantine, no watermarks: made again, they go on from here. The state topic never is:
+        restored from an empty topic, every watermark would be -1 and every record still in the source
+        would be written again (docs/notes.md).
         """
+        return [t.name for t in self._internal_topics() if t.purpose in ("offset-map", "dead-letter")]
+
+    def _make_again_if_deleted(self, found: Found) -> None:
+        """Make the offset-map and dead-letter topics again if the watch found them deleted."""
         assert self._admin is not None
-        remakeable = {self._names.offset_map_topic, self._names.dlq_topic}
-        wanted = [t for t in self._internal_topics() if t.name in remakeable]
-        made = topics.ensure_internal_topics(
-            self._admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
-        )
+        deleted = {name for name in self._remakeable_topics() if name in found and found[name] is None}
+        if not deleted:
+            return
+        wanted = [t for t in self._internal_topics() if t.name in deleted]
+        try:
+            made = topics.ensure_internal_topics(
+                self._admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
+            )
+        except (KafkaException, FerrymanError) as exc:  # asked again after the next failed transaction
+            _log.warning("internal topics %s are gone and could not be made again yet: %s", sorted(deleted), exc)
+            return
         if made:
             _log.error(
                 "internal topics %s were deleted under the running flow: making them again (what they held is gone)",

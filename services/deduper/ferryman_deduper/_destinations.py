@@ -315,28 +315,28 @@ class DestinationTopics:
             )
         return ready
 
-    def forget_vanished(self) -> list[str]:
-        """Forget the ready topics that are gone from the cluster, or were re-created, since they were made ready.
+    def ready_names(self) -> list[str]:
+        """The destination topics made ready so far."""
+        return sorted({ready.name for ready in self._ready.values()})
+
+    def forget_vanished(self, found: Mapping[str, topics.TopicInfo | None]) -> list[str]:
+        """Forget the ready topics found gone from the cluster, or re-created, since they were made ready.
 
         A destination topic deleted under a running flow fails every transaction that writes it (the
         producer waits for a partition that no longer exists, then times out), and with them every other
         topic's records: forgotten, it is made again by the next record of its source topic (``resolve``).
-        One DescribeTopics request for every ready topic; called after a failed transaction.
+        The deduper describes every ready topic after a failed transaction (``TopicWatch``); found holds
+        what that describe answered, None for a topic the cluster does not know. Topics it has no answer
+        for are kept.
 
         Returns:
             The names forgotten.
-
-        Raises:
-            KafkaOperationError, KafkaException: the cluster did not answer (transient: nothing forgotten).
         """
-        names = {ready.name for ready in self._ready.values()}
-        if not names:
-            return []
-        found = topics.describe_topics(self._admin, names, min(self._timeout_s, REQUEST_TIMEOUT_S))
         gone = {
             ident: ready
             for ident, ready in self._ready.items()
-            if ready.name not in found or (ready.topic_id and found[ready.name].topic_id != ready.topic_id)
+            if ready.name in found
+            and ((info := found[ready.name]) is None or (ready.topic_id and info.topic_id != ready.topic_id))
         }
         for ident in gone:
             del self._ready[ident]

@@ -1,0 +1,58 @@
+"""The deduper's topic watch: describes sent without waiting, answers taken once they have come."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, Uuid
+from ferryman_deduper._topic_watch import TopicWatch
+
+
+class _Admin:
+    """Keeps each describe's futures for the test to answer."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Future[Any]]] = []
+
+    def describe_topics(self, collection: TopicCollection, request_timeout: float) -> dict[str, Future[Any]]:
+        assert request_timeout > 0
+        futures: dict[str, Future[Any]] = {name: Future() for name in collection.topic_names}
+        self.sent.append(futures)
+        return futures
+
+
+def _desc(partitions: int) -> SimpleNamespace:
+    return SimpleNamespace(topic_id=Uuid(1, 2), partitions=list(range(partitions)))
+
+
+def test_answers_are_taken_when_they_have_come_and_names_asked_meanwhile_go_next() -> None:
+    admin = _Admin()
+    watch = TopicWatch(admin)  # type: ignore[arg-type]
+    watch.ask(["a", "b", "c"])
+    assert [sorted(f) for f in admin.sent] == [["a", "b", "c"]]
+    watch.ask(["d"])  # one describe in flight at a time
+    assert len(admin.sent) == 1
+    first = admin.sent[0]
+    first["a"].set_result(_desc(3))
+    assert watch.answers() == {}  # not every topic answered yet: the loop goes on
+
+    first["b"].set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+    first["c"].set_exception(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+    found = watch.answers()
+    assert set(found) == {"a", "b"}  # c: no answer, nothing known
+    info = found["a"]
+    assert info is not None and info.partitions == 3
+    assert info.topic_id == (1).to_bytes(8, "big") + (2).to_bytes(8, "big")
+    assert found["b"] is None  # the cluster does not know it
+    assert [sorted(f) for f in admin.sent] == [["a", "b", "c"], ["d"]]  # the name asked meanwhile
+    assert watch.answers() == {}
+
+
+def test_nothing_asked_sends_nothing() -> None:
+    admin = _Admin()
+    watch = TopicWatch(admin)  # type: ignore[arg-type]
+    watch.ask([])
+    assert watch.answers() == {}
+    assert admin.sent == []
