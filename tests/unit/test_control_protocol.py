@@ -503,9 +503,16 @@ def test_how_a_stream_ended_decides_what_the_wrapper_logs(probe: LinkProbe, capl
         draining = ControlHub("d1", "flow")
         with control_server(draining, listen_address=local(port)):
             wait_until(lambda: link.connected, LINK_TIMEOUT_S, message="link up")
+            caplog.clear()  # the link dialled before the server listened: a warning, the test's own doing
             draining.end_streams()
             wait_until(lambda: said(logging.INFO, "closed by the deduper"), LINK_TIMEOUT_S, message="drain heard")
+            dialled = link.connects
+            # Dialling the drained deduper again is refused ("shutting down"), then finds no server: no warning.
+            wait_until(lambda: link.connects > dialled, LINK_TIMEOUT_S, message="dialled while it drains")
+        dialled = link.connects
+        wait_until(lambda: link.connects > dialled, LINK_TIMEOUT_S, message="dialled after it stopped")
         assert not said(logging.WARNING, "lost")
+        assert not said(logging.WARNING, "down")
         assert probe.backpressure[-1:] == [(False, "control link lost")]  # fails open all the same
 
         caplog.clear()

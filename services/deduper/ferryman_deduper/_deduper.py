@@ -627,7 +627,9 @@ class Deduper:
         self._follow_staging_topic(found)
         gone = self._destinations.forget_vanished(found)
         if gone:
-            _log.warning("destination topics %s are gone or re-created; each is made again by its next record", gone)
+            _log.warning(
+                "destination topics %s are gone or re-created; each is made again by its next record", ", ".join(gone)
+            )
         self._make_again_if_deleted(found)
 
     def _follow_staging_topic(self, found: Found) -> None:

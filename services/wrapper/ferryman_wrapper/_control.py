@@ -153,6 +153,9 @@ class ControlLink:
 
     def _run(self) -> None:
         backoff = _BACKOFF_INITIAL_S
+        # The last stream was ended by the deduper's drain, and none welcomed us since: failures to dial it
+        # again ("shutting down", then no server) are what a drain looks like, not a fault.
+        drained = False
         while not self._stop.is_set():
             try:
                 channel = open_channel(self.address, self._rpc, tracer_provider=self._tracer_provider)
@@ -176,11 +179,14 @@ class ControlLink:
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     _log.error("deduper at %s refused the control link: %s", self.address, err)
                     backoff = self._rpc.connect_backoff_max_s
+                elif drained and not stream.welcomed:
+                    _log.debug("deduper at %s drained, not answering: %s", self.address, err)
                 elif not self._stop.is_set():
                     _log.warning("control link to %s down: %s", self.address, err)
             finally:
                 self._disconnected(stream, closed_by_peer=closed_by_peer)
                 channel.close()
+            drained = closed_by_peer or (drained and not stream.welcomed)
             if self._stop.wait(backoff * random.uniform(0.8, 1.2)):  # jitter: no reconnect storms
                 break
             backoff = min(backoff * 2, self._rpc.connect_backoff_max_s)
