@@ -32,6 +32,13 @@ def base_config(
         "bootstrap.servers": cluster.bootstrap_servers,
         "client.id": client_id,
         "logger": LibrdkafkaLog(cluster.bootstrap_servers, on_session_timeout),
+        # Ferryman makes every topic it writes itself, with the shape the flow needs. librdkafka's producers
+        # (and the Python AdminClient, a producer inside) ask metadata with auto-creation allowed by default,
+        # so on a broker with auto.create.topics.enable (Kafka's default) a deleted state, staging or
+        # destination topic came back at the next write or probe with the broker's default partitions (an
+        # empty state read by the rewind: duplicates once the counts match; tests/integration/
+        # test_auto_creating_destination.py).
+        "allow.auto.create.topics": False,
     }
     conf.update(cluster.client_config)
     return conf

@@ -163,6 +163,9 @@ class Deduper:
         #: The destination's admin client (after start-up), and the id of the staging topic this deduper reads.
         self._admin: AdminClient | None = None
         self._staging_id: bytes | None = None
+        #: The id of the state topic restored from, and why the flow stalls once it is gone ("" while it is there).
+        self._state_id: bytes | None = None
+        self._state_lost = ""
         #: Whether the flow's topics still exist, asked off the loop (after start-up).
         self._watch: TopicWatch | None = None
 
@@ -372,11 +375,12 @@ class Deduper:
         )
         self._admin = admin
         self._watch = TopicWatch(admin)
-        staging = self._names.staging_topic
-        self._staging_id = step(
-            lambda: topics.describe_topics(admin, [staging], _ADMIN_TIMEOUT_S)[staging].topic_id,
-            what="describing the staging topic",
+        staging, state = self._names.staging_topic, self._names.state_topic
+        ids = step(
+            lambda: topics.describe_topics(admin, [staging, state], _ADMIN_TIMEOUT_S),
+            what="describing the staging and state topics",
         )
+        self._staging_id, self._state_id = ids[staging].topic_id, ids[state].topic_id
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
         self._flow = step(
@@ -500,7 +504,7 @@ class Deduper:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._destinations.sync_all()
-                    self._watch_topics([self._names.staging_topic])
+                    self._watch_topics([self._names.staging_topic, self._names.state_topic])
                     next_sync = now + _SPEC_SYNC_INTERVAL_S
                 self._follow_topics()
             except FencedError:
@@ -584,8 +588,12 @@ class Deduper:
         """
         assert self._recovery is not None
         exc, what = self._recovery
+        if self._state_lost and self._txn.settled:
+            return self._stalled()
         try:
             self._txn.recover(exc, what)
+            if self._state_lost:
+                return self._stalled()
             if self._parts.consumer_failed:
                 # Fenced while backing off (_serve_consumer noted it): every seek of the rewind
                 # would fail on the dead consumer, a transient error for ever. Replace it first;
@@ -600,6 +608,14 @@ class Deduper:
             if not is_transient(again):
                 raise
             self.health.down(f"{what}: recovery failed: {again}")
+            # A rewind that cannot read the state topic: is it gone? (answered on a later attempt)
+            self._watch_topics([self._names.state_topic])
+            try:
+                self._follow_topics()
+            except FencedError:
+                raise
+            except (KafkaException, FerrymanError) as follow_exc:
+                _log.debug("following the flow's topics while recovering: %s", follow_exc)
             self._recovery = (again if isinstance(again, WedgedCallError) else exc, what)
             self._stop.wait(self._backoff_s)
             self._backoff_s = min(_RECOVERY_BACKOFF_S[1], self._backoff_s * 2)
@@ -614,6 +630,13 @@ class Deduper:
         self._apply_health()
         return True
 
+    def _stalled(self) -> bool:
+        """The state topic is lost: never rewound or restored from again; the flow stalls until an operator acts."""
+        self._stop.wait(_RECOVERY_BACKOFF_S[1])
+        self._serve_consumer()
+        self.health.tick()
+        return False
+
     def _watch_topics(self, names: Collection[str]) -> None:
         assert self._watch is not None
         self._watch.ask(names)
@@ -624,6 +647,12 @@ class Deduper:
         found = self._watch.answers()
         if not found:
             return
+        self._follow_state_topic(found)
+        if self._state_lost and self._recovery is None:
+            self._fail(_generation_lost("the state topic is gone"), "state topic lost")
+            return
+        if self._state_lost:
+            return
         self._follow_staging_topic(found)
         gone = self._destinations.forget_vanished(found)
         if gone:
@@ -631,6 +660,28 @@ class Deduper:
                 "destination topics %s are gone or re-created; each is made again by its next record", ", ".join(gone)
             )
         self._make_again_if_deleted(found)
+
+    def _follow_state_topic(self, found: Found) -> None:
+        """Notice the state topic deleted (or made again) under the flow: stall, naming it, never restore from it.
+
+        An empty state is watermark -1 everywhere: restored from it, the deduper would write every record
+        still in the source again. The flow stalls with this reason (NOT_SERVING, status) until an operator
+        acts; a restart meets the start-up guard (destination topics holding records the state does not name).
+        """
+        state = self._names.state_topic
+        if self._state_lost or state not in found:
+            return
+        info = found[state]
+        if info is not None and info.topic_id == self._state_id:
+            return
+        self._state_lost = (
+            f"state topic {state} was {'deleted' if info is None else 'deleted and made again'} under the running "
+            "flow: nothing more is written (restored from an empty state, every record still in the source would be "
+            "written again). To go on: stop the flow's dedupers, delete its destination topics and its state topic, "
+            "and start them again: the source is copied again from its earliest records"
+        )
+        _log.error("%s", self._state_lost)
+        self._health_dirty = True
 
     def _follow_staging_topic(self, found: Found) -> None:
         """Notice a staging topic deleted and made again (by a wrapper) under the flow: read the new one.
@@ -804,8 +855,10 @@ class Deduper:
         st = self.stats
         tx = self._txn.stats
         control = self._control
-        unavailable = self._destination_trouble() or (
-            f"recovering: {self._recovery[1]}" if self._recovery is not None else ""
+        unavailable = (
+            self._state_lost
+            or self._destination_trouble()
+            or (f"recovering: {self._recovery[1]}" if self._recovery is not None else "")
         )
         watermarks = control.watermarks() if control is not None else []
         owned = {(w.topic, w.partition) for w in watermarks}

@@ -217,6 +217,11 @@ class Transaction:
                 raise FencedError(f"{self.transactional_id}: {exc}") from exc
             raise
 
+    @property
+    def settled(self) -> bool:
+        """No transaction open and no producer rebuild due: nothing for a recovery to resolve."""
+        return not self.open and not self._rebuild_due
+
     def fence_may_be_ours(self, exc: BaseException) -> bool:
         """Whether exc, a fence, may be of our own making rather than a twin's; such a fence goes to `recover`.
 
