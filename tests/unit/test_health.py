@@ -70,6 +70,29 @@ def test_client_errors_all_brokers_down_is_an_outage_a_failed_connection_is_nois
     assert "denied" in caplog.records[-1].getMessage()
 
 
+def test_a_client_error_repeated_is_warned_of_once_per_interval_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    """A consumer of a deleted topic reports the same error ~60 times a second: one warning per interval."""
+    now = [0.0]
+    health = ClusterHealth("dst", CLUSTER, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="ferryman.health")
+    lost = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "Failed to query logical offset BEGINNING")
+    for _ in range(100):  # 10 s of it
+        health.client_error(lost, "staging consumer")
+        now[0] += 0.1
+    health.client_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), "staging consumer")
+    health.client_error(lost, "producer")  # another client: its own first warning
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert "staging consumer" in messages[0] and "logical offset" in messages[0]
+    assert "denied" in messages[1]
+    assert "producer" in messages[2] and "more like it" not in messages[2]
+
+    now[0] += STILL_DOWN_LOG_INTERVAL_S
+    health.client_error(lost, "staging consumer")
+    assert caplog.records[-1].getMessage().endswith("(99 more like it in the 40 s before)")
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+
+
 def test_an_unreachable_cluster_at_start_up_is_one_error_naming_it_and_the_setting() -> None:
     # A loopback port nothing listens on: refused at once, the whole deadline spent retrying.
     conf: dict[str, object] = {"bootstrap.servers": "127.0.0.1:1", "logger": LibrdkafkaLog("127.0.0.1:1")}
