@@ -371,3 +371,36 @@ def test_gap_in_staging_is_reported_and_held_not_skipped(
             deduper.stop()
     finally:
         wrapper.stop()
+
+
+def test_the_spec_and_discovery_topics_deleted_under_the_flow_stop_nothing(
+    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The topic-spec and deduper-discovery topics deleted under a running flow: both are made again, a new
+    source topic is copied, and so is more of the first.
+
+    Before, the wrapper's topic discovery failed for good on publishing the new topic's spec (an unknown
+    topic, every 2 s), so no new source topic was ever followed; and nothing made the dedupers topic again,
+    so no advertisement was written and no new wrapper could find the deduper.
+    """
+    prefix = unique_name("specdel")
+    first = _seed_topic(source_cluster, f"{prefix}-a")
+    flow = unique_name("flow")
+    with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[f"{prefix}-.*"]) as f:
+        read_all(destination_cluster.bootstrap_servers, f"src.{first}", expected=200, timeout_s=90)
+        dadmin = AdminClient({"bootstrap.servers": destination_cluster.bootstrap_servers})
+        internal = [f"ferryman.{flow}.topics.internal", f"ferryman.{flow}.dedupers.internal"]
+        for future in dadmin.delete_topics(internal).values():
+            future.result(30)
+        second = f"{prefix}-b"
+        create_topic(source_cluster.bootstrap_servers, second, 3)
+        _produce(source_cluster.bootstrap_servers, second, 3, 0, 50)
+        _produce(source_cluster.bootstrap_servers, first, 2, 100, 100)
+        for topic in (first, second):
+            src = read_all(source_cluster.bootstrap_servers, topic)
+            dst = read_all(destination_cluster.bootstrap_servers, f"src.{topic}", expected=_count(src), timeout_s=120)
+            assert_exact_copy(src, dst)
+        wait_until(lambda: set(internal) <= set(dadmin.list_topics(timeout=10).topics), 30, message="both made again")
+        f.wrapper.wait_for_log("were deleted under the running flow: making them again", 10)
+        for proc in (f.wrapper, f.deduper):
+            assert proc.alive and proc.starts == 1, proc.output()[-4000:]

@@ -144,3 +144,21 @@ def test_a_failed_background_observation_raises_where_its_result_is_taken(monkey
     future = _publisher(_Producer()).observe_in_background()
     with pytest.raises(KafkaOperationError, match="listing source topics"):
         future.result(timeout=10)
+
+
+def test_a_republish_that_fails_is_sent_again_by_the_next_publish() -> None:
+    """The spec topic made again: every spec goes to it again, even if the first try meets it still unknown."""
+    producer = _Producer()
+    specs = _publisher(producer)
+    specs.publish(_view(1.0, OLD_ID, names=("orders", "orders-eu")))
+    producer.sent.clear()
+    producer.fail = "Local: Unknown topic"  # just made: the producer does not know it yet
+    with pytest.raises(KafkaOperationError, match="Unknown topic"):
+        specs.republish()
+    producer.fail = None
+    producer.sent.clear()
+    specs.publish(_view(2.0, OLD_ID, names=("orders", "orders-eu")))  # nothing changed at the source
+    assert sorted(s.topic for s in producer.sent) == ["orders", "orders-eu"]
+    producer.sent.clear()
+    specs.publish(_view(3.0, OLD_ID, names=("orders", "orders-eu")))
+    assert producer.sent == []  # sent once: no more republishing

@@ -504,7 +504,7 @@ class Deduper:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._destinations.sync_all()
-                    self._watch_topics([self._names.staging_topic, self._names.state_topic])
+                    self._watch_topics([self._names.staging_topic, self._names.state_topic, self._names.dedupers_topic])
                     next_sync = now + _SPEC_SYNC_INTERVAL_S
                 self._follow_topics()
             except FencedError:
@@ -705,14 +705,15 @@ class Deduper:
         self._staging_id = info.topic_id
 
     def _remakeable_topics(self) -> list[str]:
-        """The internal topics made again when deleted under the flow: the offset map and the dead letters.
+        """The internal topics made again when deleted under the flow: offset map, dead letters, dedupers.
 
-        Their writes are in the transaction, so their loss failed every transaction. They hold an index
-        and a quarantine, no watermarks: made again, they go on from here. The state topic never is:
-        restored from an empty topic, every watermark would be -1 and every record still in the source
-        would be written again (docs/notes.md).
+        The offset map's and dead letters' writes are in the transaction, so their loss failed every
+        transaction; without the dedupers topic no advertisement is written and no new wrapper finds this
+        deduper. They hold an index, a quarantine and heartbeats, no watermarks: made again, they go on from
+        here. The state topic never is: restored from an empty topic, every watermark would be -1 and every
+        record still in the source would be written again (docs/notes.md).
         """
-        return [t.name for t in self._internal_topics() if t.purpose in ("offset-map", "dead-letter")]
+        return [t.name for t in self._internal_topics() if t.purpose in ("offset-map", "dead-letter", "dedupers")]
 
     def _make_again_if_deleted(self, found: Found) -> None:
         """Make the offset-map and dead-letter topics again if the watch found them deleted."""

@@ -64,6 +64,8 @@ class SpecPublisher:
         self.recreated: set[str] = set()
         # When the observation that last published or confirmed each topic began.
         self._seen_at: dict[str, float] = {}
+        #: Every published spec is to be sent again (the spec topic was made again, empty), at the next publish.
+        self._republish_due = False
 
     def discover(self) -> list[str]:
         """Selected source topics now; publishes specs of new or changed ones."""
@@ -113,6 +115,7 @@ class SpecPublisher:
         observation has already published or confirmed keeps that spec: a view
         read before a topic was re-created must not bring back its old id.
         """
+        self._republish_if_due()
         infos = {n: i for n, i in view.infos.items() if view.started >= self._seen_at.get(n, view.started)}
         changed = []
         for name, info in infos.items():
@@ -140,9 +143,18 @@ class SpecPublisher:
         return sorted(self.published.keys() & set(view.names))
 
     def republish(self) -> None:
-        """Publish every spec again: the spec topic was made again, empty (``StagingTopics.make_again_if_deleted``)."""
-        if self.published:
+        """Publish every spec again: the spec topic was made again, empty (``StagingTopics.make_again_if_deleted``).
+
+        A topic just made can be unknown to the producer for a moment: what fails is sent again by the next
+        `publish` (else the specs of the topics known before were never in the new topic).
+        """
+        self._republish_due = True
+        self._republish_if_due()
+
+    def _republish_if_due(self) -> None:
+        if self._republish_due and self.published:
             self._send(list(self.published.values()))
+        self._republish_due = False
 
     def _send(self, specs: list[state_pb2.TopicSpec]) -> None:
         """Produce specs to the spec topic, then confirm them (``_confirm``)."""

@@ -118,9 +118,12 @@ class StagingTopics:
         made = [name for name in self.ensure() if name in (self._names.staging_topic, self._names.specs_topic)]
         if made:
             _log.error(
-                "internal topics %s were deleted under the running flow: making them again. Envelopes in staging "
-                "that no deduper had read are asked for again from the source (a gap at the deduper)",
+                "internal topics %s were deleted under the running flow: making them again%s",
                 ", ".join(made),
+                ". Envelopes in staging that no deduper had read are asked for again from the source (a gap at the "
+                "deduper)"
+                if self._names.staging_topic in made
+                else "",
             )
             if self._names.specs_topic in made:
                 self._specs().republish()

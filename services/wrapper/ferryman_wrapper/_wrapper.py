@@ -418,12 +418,23 @@ class Wrapper:
                 if not is_transient(exc):
                     raise
                 _log.warning("topic discovery failed (%s); trying again in %.0f s", exc, self._refresh_interval_s())
+                if _unknown_topic(exc):  # the spec topic deleted under the flow: no new topic was ever followed
+                    self._make_internal_topics_again()
                 return
             if names != self._clients.subscribed:
                 self._clients.subscribe(names)
         elif discovery is None and now >= self._next_refresh:
             self._discovery = self._specs.observe_in_background()
         self._follow_flow()
+
+    def _make_internal_topics_again(self) -> None:
+        """Make the flow's internal topics again if they are gone; a cluster that does not answer is asked next time."""
+        try:
+            self._staging.make_again_if_deleted()
+        except (KafkaException, FerrymanError) as exc:
+            if not is_transient(exc):
+                raise
+            _log.warning("the flow's internal topics are not made again, or their specs not sent, yet: %s", exc)
 
     def _refresh_interval_s(self) -> float:
         return self._flow.topic_refresh_interval_s or self._wc.topic_refresh_interval_s
