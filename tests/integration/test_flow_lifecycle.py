@@ -404,3 +404,13 @@ def test_the_spec_and_discovery_topics_deleted_under_the_flow_stop_nothing(
         f.wrapper.wait_for_log("were deleted under the running flow: making them again", 10)
         for proc in (f.wrapper, f.deduper):
             assert proc.alive and proc.starts == 1, proc.output()[-4000:]
+
+        # The deduper restarted: the wrapper finds it again through the re-made dedupers topic.
+        assert f.deduper.terminate() == 0
+        links_up = f.wrapper.output().count("control link to deduper d1")
+        f.deduper.start()
+        wait_until(
+            lambda: f.wrapper.output().count("control link to deduper d1") > links_up,
+            60,
+            message="the wrapper linked to the restarted deduper",
+        )
