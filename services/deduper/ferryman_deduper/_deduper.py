@@ -648,10 +648,9 @@ class Deduper:
         if not found:
             return
         self._follow_state_topic(found)
-        if self._state_lost and self._recovery is None:
-            self._fail(_generation_lost("the state topic is gone"), "state topic lost")
-            return
         if self._state_lost:
+            if self._recovery is None:  # abort the open transaction; the recovery then stalls (`_stalled`)
+                self._fail(_generation_lost("the state topic is gone"), "state topic lost")
             return
         self._follow_staging_topic(found)
         gone = self._destinations.forget_vanished(found)
@@ -716,7 +715,7 @@ class Deduper:
         return [t.name for t in self._internal_topics() if t.purpose in ("offset-map", "dead-letter", "dedupers")]
 
     def _make_again_if_deleted(self, found: Found) -> None:
-        """Make the offset-map and dead-letter topics again if the watch found them deleted."""
+        """Make the topics of `_remakeable_topics` again that the watch found deleted."""
         assert self._admin is not None
         deleted = {name for name in self._remakeable_topics() if name in found and found[name] is None}
         if not deleted:

@@ -1,10 +1,11 @@
 """Which of the flow's topics still exist, asked without holding the deduper's loop.
 
-The loop asks after a failed transaction (destination, offset-map and dead-letter topics deleted under
-the flow) and every sync (the staging topic made again by a wrapper), and takes the answer on a later
-round once it has come. A describe waited for in the loop held it for its whole timeout whenever the
-destination was away or had just thawed: no commits and no NOT_SERVING meanwhile (a broker killed or
-frozen just as the check was due; CI, 2026-12-03).
+The loop asks after a failed transaction (destination, offset-map, dead-letter and dedupers topics deleted
+under the flow), after a failed recovery (the state topic) and every sync (the staging topic made again by a
+wrapper, the state and dedupers topics), and takes the answer on a later round once it has come. A
+describe waited for in the loop held it for its whole timeout whenever the destination was away or had
+just thawed: no commits and no NOT_SERVING meanwhile (a broker killed or frozen just as the check was due;
+CI, 2026-12-03).
 """
 
 from __future__ import annotations
