@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from ferryman.config import ClusterConfig
 from ferryman.errors import ClusterUnreachableError
+from ferryman.kafka_log import RepeatFilter
 
 _log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ class ClusterHealth:
         self._reason = ""
         self._next_log = 0.0
         self._next_probe = 0.0
-        #: Client errors warned of: when last, and how many like it since (`_warn_folded`).
-        self._client_warnings: dict[tuple[str, int, str], tuple[float | None, int]] = {}
+        #: Client errors warned of once per interval, with a count (`_warn_folded`).
+        self._client_warnings = RepeatFilter(STILL_DOWN_LOG_INTERVAL_S, clock)
         self.outages = 0
         """Outages seen since start."""
         self.last_outage_s = 0.0
@@ -166,18 +167,11 @@ class ClusterHealth:
         A consumer of a topic deleted under the flow reported "Failed to query logical offset" ~60 times a
         second until the topic was back (1,506 warnings in 26 s in a test's log).
         """
-        key, now = (client, err.code(), err.str()), self._clock()
-        with self._lock:
-            warned_at, folded = self._client_warnings.get(key, (None, 0))
-            if warned_at is not None and now - warned_at < STILL_DOWN_LOG_INTERVAL_S:
-                self._client_warnings[key] = (warned_at, folded + 1)
-                return
-            self._client_warnings[key] = (now, 0)
-        more = (
-            f" ({folded} more like it in the {now - warned_at:.0f} s before)"
-            if warned_at is not None and folded
-            else ""
-        )
+        admitted = self._client_warnings.admit((client, err.code(), err.str()))
+        if admitted is None:
+            return
+        folded, since_s = admitted
+        more = f" ({folded} more like it in the {since_s:.0f} s before)" if folded else ""
         _log.warning("%s %s: %s%s", self.name, client, err, more)
 
 

@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 _log = logging.getLogger("ferryman.librdkafka")
@@ -33,6 +33,35 @@ _OTHER_ROLES_PROPERTY = "property and will be ignored by this"
 _NUMBERS = re.compile(r"\d+")
 
 
+class RepeatFilter:
+    """Lets the first line of a kind through, then one per interval with the count held back (thread-safe).
+
+    Shared by librdkafka's log lines (`LibrdkafkaLog`) and the clients' error events (``ClusterHealth``).
+    """
+
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_S, clock: Callable[[], float] | None = None) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[Hashable, tuple[float, int]] = {}
+
+    def admit(self, key: Hashable) -> tuple[int, float] | None:
+        """Whether to let this one through.
+
+        Returns:
+            None to hold it back; else how many were held back since the last one let through and how long
+            ago that was (0 and 0.0 for the first of its kind).
+        """
+        now = self._clock() if self._clock is not None else time.monotonic()  # looked up per call: tests patch it
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last[0] < self._interval_s:
+                self._last[key] = (last[0], last[1] + 1)
+                return None
+            self._last[key] = (now, 0)
+        return (0, 0.0) if last is None else (last[1], now - last[0])
+
+
 class LibrdkafkaLog:
     """The object given as a client's ``logger``: confluent-kafka calls ``log(level, fmt, *args)``.
 
@@ -43,8 +72,7 @@ class LibrdkafkaLog:
     def __init__(self, cluster: str, on_session_timeout: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self._on_session_timeout = on_session_timeout
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, int]] = {}
+        self._repeats = RepeatFilter()
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         """One librdkafka line (args: facility, client name, message)."""
@@ -62,12 +90,9 @@ class LibrdkafkaLog:
             _log.log(level, "%s: %s", self._cluster, text)
             return
         key = _NUMBERS.sub("#", f"{facility} {args[2] if len(args) > 2 else text}")
-        now = time.monotonic()
-        with self._lock:
-            last, repeats = self._last.get(key, (0.0, 0))
-            if now - last < REPEAT_INTERVAL_S:
-                self._last[key] = (last, repeats + 1)
-                return
-            self._last[key] = (now, 0)
+        admitted = self._repeats.admit(key)
+        if admitted is None:
+            return
+        repeats = admitted[0]
         suffix = f" (and {repeats} more like it in the last {REPEAT_INTERVAL_S:.0f} s)" if repeats else ""
         _log.log(level, "%s: %s%s", self._cluster, text, suffix)

@@ -102,7 +102,7 @@ class StagingTopics:
         )
 
     def make_again_if_deleted(self) -> list[str]:
-        """After a write failed on an unknown topic: make the staging and spec topics again if they are gone.
+        """After a write failed on an unknown topic: make the flow's internal topics again if they are gone.
 
         Deleted under a running flow, staging failed every write, and the wrapper rewound for good (nothing made
         it again: only start-up did). Envelopes in it that no deduper had read are lost with it; the dedupers
@@ -115,7 +115,7 @@ class StagingTopics:
             KafkaOperationError, KafkaException: the destination did not answer (transient; asked again at the
                 next failure).
         """
-        made = [name for name in self.ensure() if name in (self._names.staging_topic, self._names.specs_topic)]
+        made = self.ensure()
         if made:
             _log.error(
                 "internal topics %s were deleted under the running flow: making them again%s",
