@@ -213,7 +213,13 @@ def test_a_deduper_killed_while_committing_a_flow_change_leaves_the_store_whole(
         env=hold_env("flow-store-commit", marker, after=2),
     )
     try:
-        ok(ferryman("get", victim_flow, server=address))
+        # FlowService answers from start-up; the deduper stores its own flow a moment later (after the
+        # destination first answers and its internal topics are made), so wait for that first commit.
+        wait_until(
+            lambda: ferryman("get", victim_flow, server=address).returncode == 0,
+            timeout_s=90,
+            message="the victim's own flow stored at start-up",
+        )
         assert not marker.exists()
         pause = subprocess.Popen(
             [str(FERRYMAN), "flows", "pause", flow, "--server", address, "-o", "json"],
