@@ -29,6 +29,9 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: A step retried through an outage warns at its first failure and then at most once per this many seconds.
+RETRY_WARN_EVERY_S = 10.0
+
 #: Error codes that mean another producer with our transactional.id (or a newer
 #: epoch of it) exists. These are fatal for this producer instance.
 _FENCING_CODES = frozenset(
@@ -315,15 +318,31 @@ def wait_out_transient(op: Callable[[], T], *, what: str, budget_s: float, setti
 def _retrying(
     retry: Callable[[BaseException], bool], budget_s: float, *, what: str, first_s: float, most_s: float
 ) -> Retrying:
-    """Retries while retry(error), waits first_s doubling up to most_s, each logged; the last error re-raised."""
+    """Retries while retry(error), waits first_s doubling up to most_s; the last error re-raised.
+
+    Each wait is logged: the first as a WARNING, then one WARNING per `RETRY_WARN_EVERY_S` (an outage polled
+    once a second for 30 s is three lines, not thirty) and the others at DEBUG.
+    """
     started = time.monotonic()
+    warned_at: list[float] = []
 
     def log_wait(state: RetryCallState) -> None:
         # tenacity's own before_sleep_log names the callable (a lambda here); an operator wants the step.
         error = state.outcome.exception() if state.outcome is not None else None
         wait_s = state.next_action.sleep if state.next_action is not None else 0.0
-        left_s = budget_s - (time.monotonic() - started)
-        _log.warning("%s failed (%s); trying again in %.2g s (%.0f s left)", what, error, wait_s, left_s)
+        now = time.monotonic()
+        quiet = bool(warned_at) and now - warned_at[-1] < RETRY_WARN_EVERY_S
+        if not quiet:
+            warned_at.append(now)
+        _log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "%s failed (%s); trying again in %.2g s (%.0f s left, attempt %d)",
+            what,
+            error,
+            wait_s,
+            budget_s - (now - started),
+            state.attempt_number,
+        )
 
     return Retrying(
         retry=retry_if_exception(retry),

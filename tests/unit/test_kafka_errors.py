@@ -391,4 +391,23 @@ def test_each_wait_is_logged_with_the_step_it_repeats(caplog: pytest.LogCaptureF
     assert line.startswith(
         "making the internal topics failed (describe topic x: no answer within 30 s); trying again in 0.5 s ("
     )
-    assert line.endswith(" s left)")
+    assert line.endswith(" s left, attempt 1)")
+
+
+def test_an_outage_retried_once_a_second_warns_once_per_interval_and_says_the_rest_at_debug(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))  # tenacity's waits
+
+    def down() -> None:
+        raise KafkaException(err(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True))
+
+    with caplog.at_level(logging.DEBUG, logger="ferryman.kafka_errors"), pytest.raises(KafkaOperationError):
+        retry_retriable(down, what="reading the state offsets", budget_s=30)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    quiet = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    # 35 waits (50 ms doubling to 1 s, then 1 s each) over 30 s: a WARNING at 0 s and then one per 10 s.
+    assert len(warned) == 3 and len(quiet) > 25, (warned, len(quiet))
+    assert "attempt 1)" in warned[0] and all(w.startswith("reading the state offsets failed (") for w in warned)
