@@ -124,6 +124,13 @@ class FlowNotFoundError(FlowError, NotFoundError):
     """No flow of that name is stored."""
 
 
+class FlowNotStoredYetError(FlowError):
+    """The deduper's own flow (its configuration file's) is asked for before start-up has stored it (UNAVAILABLE).
+
+    It is stored once the destination cluster answers; asking again then succeeds.
+    """
+
+
 class FlowExistsError(FlowError, AlreadyExistsError):
     """A flow of that name is already stored."""
 

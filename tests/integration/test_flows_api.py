@@ -9,6 +9,7 @@ a wider topic pattern, pause, resume, delete.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -244,6 +245,39 @@ def test_a_deduper_killed_while_committing_a_flow_change_leaves_the_store_whole(
         victim.stop()
         for name in (flow, victim_flow):
             ferryman("delete", name, server=anchor)
+
+
+def test_the_own_flow_asked_for_before_start_up_stored_it_is_unavailable_not_missing(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """FlowService answers from start-up; the deduper stores the flow its file declares once the destination
+    answers. Meanwhile a call naming that flow is UNAVAILABLE, "ask again" (exit 4), never NOT_FOUND (exit 7):
+    an operator who just started a deduper must not be told its flow does not exist.
+    """
+    own = unique_name("own")
+    marker = tmp_path / "held"
+    deduper, address = serve(
+        config_for(source_cluster, destination_cluster, own),
+        tmp_path,
+        "own",
+        env=hold_env("flow-store-commit", marker, after=1),  # the start-up's store of its own flow
+    )
+    try:
+        wait_until(marker.exists, 60, message="the start-up's flow-store commit reached and held")
+        # (A write meanwhile waits for the store's one writer, the held start-up: tests/unit/test_flows_servicer.py.)
+        refused(ferryman("get", own, server=address), 4, "cannot serve the call now", own, "ask again")
+        refused(ferryman("get", unique_name("other"), server=address), 7, "NOT_FOUND")  # other names as ever
+        assert deduper.proc is not None
+        deduper.proc.send_signal(signal.SIGUSR1)  # the commit goes on
+        wait_until(lambda: ferryman("get", own, server=address).returncode == 0, 60, message="the own flow stored")
+        assert ok(ferryman("get", own, server=address))["name"] == own
+        ok(ferryman("delete", own, server=address))
+        refused(ferryman("get", own, server=address), 7, "NOT_FOUND")  # stored once, deleted: missing now
+    finally:
+        deduper.stop()
 
 
 def test_refusals_name_the_field_and_the_cycle(

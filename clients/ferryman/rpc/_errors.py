@@ -20,6 +20,7 @@ from ferryman.errors import (
     EnvelopeError,
     FencedError,
     FerrymanError,
+    FlowNotStoredYetError,
     InvalidRequestError,
     KafkaOperationError,
     NotFoundError,
@@ -84,6 +85,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FencedError, grpc.StatusCode.ABORTED),
     (SourceDataLostError, grpc.StatusCode.DATA_LOSS),
     (KafkaOperationError, grpc.StatusCode.UNAVAILABLE),
+    (FlowNotStoredYetError, grpc.StatusCode.UNAVAILABLE),
 )
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")

@@ -92,7 +92,8 @@ class FlowServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetFlow(self, request, context):
-        """GetFlow returns one flow; NOT_FOUND when there is none of that name.
+        """GetFlow returns one flow; NOT_FOUND when there is none of that name (UNAVAILABLE for the serving
+        deduper's own flow while its start-up has not stored it yet).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,7 +43,9 @@ class FlowServiceStub:
     when the flow would close a replication cycle.
     """
     GetFlow: _grpc.UnaryUnaryMultiCallable[_flows_pb2.GetFlowRequest, _flows_pb2.GetFlowResponse]
-    """GetFlow returns one flow; NOT_FOUND when there is none of that name."""
+    """GetFlow returns one flow; NOT_FOUND when there is none of that name (UNAVAILABLE for the serving
+    deduper's own flow while its start-up has not stored it yet).
+    """
     ListFlows: _grpc.UnaryUnaryMultiCallable[_flows_pb2.ListFlowsRequest, _flows_pb2.ListFlowsResponse]
     """ListFlows returns every stored flow, ordered by name."""
     UpdateFlow: _grpc.UnaryUnaryMultiCallable[_flows_pb2.UpdateFlowRequest, _flows_pb2.UpdateFlowResponse]
@@ -72,7 +74,9 @@ class FlowServiceAsyncStub(FlowServiceStub):
     when the flow would close a replication cycle.
     """
     GetFlow: _aio.UnaryUnaryMultiCallable[_flows_pb2.GetFlowRequest, _flows_pb2.GetFlowResponse]  # type: ignore[assignment]
-    """GetFlow returns one flow; NOT_FOUND when there is none of that name."""
+    """GetFlow returns one flow; NOT_FOUND when there is none of that name (UNAVAILABLE for the serving
+    deduper's own flow while its start-up has not stored it yet).
+    """
     ListFlows: _aio.UnaryUnaryMultiCallable[_flows_pb2.ListFlowsRequest, _flows_pb2.ListFlowsResponse]  # type: ignore[assignment]
     """ListFlows returns every stored flow, ordered by name."""
     UpdateFlow: _aio.UnaryUnaryMultiCallable[_flows_pb2.UpdateFlowRequest, _flows_pb2.UpdateFlowResponse]  # type: ignore[assignment]
@@ -110,7 +114,9 @@ class FlowServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _flows_pb2.GetFlowRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_flows_pb2.GetFlowResponse, _abc.Awaitable[_flows_pb2.GetFlowResponse]]:
-        """GetFlow returns one flow; NOT_FOUND when there is none of that name."""
+        """GetFlow returns one flow; NOT_FOUND when there is none of that name (UNAVAILABLE for the serving
+        deduper's own flow while its start-up has not stored it yet).
+        """
 
     @_abc_1.abstractmethod
     def ListFlows(

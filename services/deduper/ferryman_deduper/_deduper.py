@@ -157,6 +157,8 @@ class Deduper:
         self._tracing = start_tracing(config.tracing, "ferryman-deduper")
         #: The flows admin API of the destination cluster (FlowService), and this flow as stored there.
         self._registry = FlowRegistry(config.clusters, flow.target, client_id=self._client_id("flows"))
+        #: Start-up has stored the own flow in the flow store (until then FlowService calls it not stored yet).
+        self._flow_stored = False
         self._live: LiveFlow | None = None
         #: The flow is deleted (or re-created as this process cannot run it): idle, NOT_SERVING.
         self._flow_idle = False
@@ -328,7 +330,9 @@ class Deduper:
                 lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(
                     DeduperStatusServicer(self.status, self._translator()), s
                 ),
-                lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(self._registry), s),
+                lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(
+                    FlowServicer(self._registry, storing=lambda: None if self._flow_stored else self._flow.name), s
+                ),
             ],
             service_names=(*_SERVICE_NAMES, FLOW_SERVICE_NAME),
             tracer_provider=self._tracing.provider if self._tracing is not None else None,
@@ -387,6 +391,7 @@ class Deduper:
             lambda: seed_and_check(self._registry, flow),
             what="seeding the flow store",
         )
+        self._flow_stored = True
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(
             admin=admin,
