@@ -145,6 +145,19 @@ def kafka_error_of(exc: BaseException) -> KafkaError | None:
     return None
 
 
+#: A record (or its batch) larger than the destination accepts: the broker's topic max.message.bytes, or the
+#: producer's own message.max.bytes. Not transient in fact: it fails every transaction that holds the record.
+_TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+
+
+def record_too_large(exc: BaseException) -> KafkaError | None:
+    """The error of exc when a record was refused as too large (``MSG_SIZE_TOO_LARGE``, ``RECORD_LIST_TOO_LARGE``)."""
+    err = kafka_error_of(exc)
+    if err is None and isinstance(exc, KafkaOperationError) and isinstance(exc.__cause__, BaseException):
+        err = kafka_error_of(exc.__cause__)
+    return err if err is not None and err.code() in _TOO_LARGE_CODES else None
+
+
 def classify(error: KafkaError | BaseException) -> ErrorClass:
     """Classify a librdkafka error (or an exception carrying one).
 

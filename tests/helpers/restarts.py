@@ -61,10 +61,10 @@ def bounce(cluster: LocalCluster, how: signal.Signals, down_s: float) -> float:
 
 
 def grpc_port(proc: ServiceProcess) -> int:
-    """The gRPC port a service bound (it logs it at start)."""
-    match = re.search(r"gRPC server listening on port (\d+)", proc.output())
-    assert match is not None, proc.output()[-2000:]
-    return int(match.group(1))
+    """The gRPC port a service bound (it logs it at start; the latest start's, after a restart)."""
+    ports = re.findall(r"gRPC server listening on port (\d+)", proc.output())
+    assert ports, proc.output()[-2000:]
+    return int(ports[-1])
 
 
 def check_copy(pair: Pair, flow: RunningFlow, topic: str, producer: SequenceProducer) -> None:

@@ -599,6 +599,11 @@ class Deduper:
             self._txn.recover(exc, what)
             if self._state_lost:
                 return self._stalled()
+            if self._txn.refused_too_large:
+                # The rewind writes the refused record again and fails again at once (at produce() when it
+                # is over deduper.max_message_bytes): retry at the slowest backoff, not in a tight loop.
+                self._stop.wait(_RECOVERY_BACKOFF_S[1])
+                self._serve_consumer()  # what it reads now is read again after the rewind
             if self._parts.consumer_failed:
                 # Fenced while backing off (_serve_consumer noted it): every seek of the rewind
                 # would fail on the dead consumer, a transient error for ever. Replace it first;
@@ -852,6 +857,8 @@ class Deduper:
         """Why wrappers should pause for the destination ("" when it is fine)."""
         if not self.health.reachable:
             return f"destination cluster unavailable ({self.health.reason})"
+        if self._txn.refused_too_large:
+            return self._txn.refused_too_large
         failures = self._txn.commits_failing()
         return f"destination cluster unavailable ({failures} failed commits)" if failures >= 2 else ""
 
