@@ -19,6 +19,7 @@ from ferryman.kafka_errors import (
     authorization_error,
     classify,
     kafka_error_of,
+    record_too_large,
     retry_retriable,
     wait_out_transient,
 )
@@ -411,3 +412,17 @@ def test_an_outage_retried_once_a_second_warns_once_per_interval_and_says_the_re
     # 35 waits (50 ms doubling to 1 s, then 1 s each) over 30 s: a WARNING at 0 s and then one per 10 s.
     assert len(warned) == 3 and len(quiet) > 25, (warned, len(quiet))
     assert "attempt 1)" in warned[0] and all(w.startswith("reading the state offsets failed (") for w in warned)
+
+
+@pytest.mark.parametrize("code", [KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE])
+def test_a_record_refused_as_too_large_is_told_apart_bare_or_wrapped(code: int) -> None:
+    bare = KafkaException(err(code, txn_requires_abort=True))
+    assert record_too_large(bare) is bare.args[0]
+    wrapped = KafkaOperationError("flushing destination records", bare)
+    assert record_too_large(wrapped) is bare.args[0]
+    for other in (
+        KafkaException(err(KafkaError._MSG_TIMED_OUT)),
+        RuntimeError("x"),
+        KafkaOperationError("y", TimeoutError()),
+    ):
+        assert record_too_large(other) is None
