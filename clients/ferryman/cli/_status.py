@@ -71,6 +71,12 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
         shown = value
         if key == "gaps" and value:  # the error state an operator acts on: each range in full
             shown = "; ".join(_gap_text(g) for g in value)
+        elif key == "held_partitions" and value:  # likewise: each held partition and what moves it
+            shown = "; ".join(
+                f"{h['topic']}-{h['partition']} held at {h['offset']} ({h['envelope_bytes']}-byte envelope: "
+                "raise wrapper.staging_max_message_bytes)"
+                for h in value
+            )
         elif isinstance(value, list):
             shown = ", ".join(str(v) for v in value) if value and not isinstance(value[0], dict) else len(value)
         if key == "audit_verdicts":  # the last audit of each owned partition: `ferryman audit show` has the rest

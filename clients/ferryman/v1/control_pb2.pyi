@@ -519,6 +519,7 @@ class GetWrapperStatusResponse(_message.Message):
     SOURCE_RECORDS_LOST_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     CONTROL_LINKS_FIELD_NUMBER: _builtins.int
+    HELD_PARTITIONS_FIELD_NUMBER: _builtins.int
     wrapper_id: _builtins.str
     """Wrapper identity."""
     flow: _builtins.str
@@ -565,6 +566,13 @@ class GetWrapperStatusResponse(_message.Message):
         whether each link is up.
         """
 
+    @_builtins.property
+    def held_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldPartition]:
+        """Source partitions held at a record too large to stage: nothing past it
+        is sent until the wrapper restarts with a larger staging_max_message_bytes
+        (the other partitions go on).
+        """
+
     def __init__(
         self,
         *,
@@ -584,14 +592,49 @@ class GetWrapperStatusResponse(_message.Message):
         source_records_lost: _builtins.int = ...,
         version: _builtins.str = ...,
         control_links: _abc.Iterable[Global___ControlLinkState] | None = ...,
+        held_partitions: _abc.Iterable[Global___HeldPartition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "control_links", b"control_links", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "source_records_lost", b"source_records_lost", "unavailable_reason", b"unavailable_reason", "version", b"version", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_connected", b"control_connected", "control_links", b"control_links", "envelopes_sent", b"envelopes_sent", "flow", b"flow", "held_partitions", b"held_partitions", "partitions", b"partitions", "pause_reason", b"pause_reason", "paused", b"paused", "producer_rebuilds", b"producer_rebuilds", "records_sent", b"records_sent", "resends_served", b"resends_served", "rewinds", b"rewinds", "source_records_lost", b"source_records_lost", "unavailable_reason", b"unavailable_reason", "version", b"version", "watermarks", b"watermarks", "wrapper_id", b"wrapper_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetWrapperStatusResponse: _TypeAlias = GetWrapperStatusResponse  # noqa: Y015
+
+@_typing.final
+class HeldPartition(_message.Message):
+    """HeldPartition is a source partition a wrapper holds at one record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    ENVELOPE_BYTES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Source topic."""
+    partition: _builtins.int
+    """Source partition."""
+    offset: _builtins.int
+    """Source offset it is held at: the first record not staged."""
+    envelope_bytes: _builtins.int
+    """Bytes of the envelope the staging producer refused."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        envelope_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope_bytes", b"envelope_bytes", "offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldPartition: _TypeAlias = HeldPartition  # noqa: Y015
 
 @_typing.final
 class ControlLinkState(_message.Message):

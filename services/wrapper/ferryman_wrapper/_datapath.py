@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from ferryman import envelope, topics
 from ferryman.config import FlowConfig
 from ferryman.errors import SourceDataLostError
 from ferryman.health import ClusterHealth
-from ferryman.kafka_errors import is_authorization_failure, is_fatal_client_error
+from ferryman.kafka_errors import is_authorization_failure, is_fatal_client_error, record_too_large
+from ferryman.kafka_log import RepeatFilter
 from ferryman.state import PartitionKey
 
 from ferryman_wrapper._assignment import SourcePartitions
@@ -45,6 +46,7 @@ class DataPath:
         wrapper_id: str,
         envelope_max_records: int,
         envelope_max_bytes: int,
+        staging_max_message_bytes: int,
         source_health: ClusterHealth,
         target_health: ClusterHealth,
         timeout_s: float,
@@ -61,6 +63,7 @@ class DataPath:
             wrapper_id: identity written into the envelopes.
             envelope_max_records: records per envelope at most.
             envelope_max_bytes: bytes per envelope at most.
+            staging_max_message_bytes: the producer's message.max.bytes (named when a record is larger).
             source_health: the source cluster's health (transient consume errors).
             target_health: the staging cluster's health (acknowledged envelopes).
             timeout_s: budget of one admin or metadata call (the source log's watermarks).
@@ -74,6 +77,10 @@ class DataPath:
         self._wrapper_id = wrapper_id
         self._envelope_max_records = envelope_max_records
         self._envelope_max_bytes = envelope_max_bytes
+        self._staging_max = staging_max_message_bytes
+        #: Source partitions held at a record too large to stage: the offset held at and the envelope's bytes.
+        self.refused: dict[PartitionKey, tuple[int, int]] = {}
+        self._refusals = RepeatFilter()
         self._source_health = source_health
         self._target_health = target_health
         self._timeout_s = timeout_s
@@ -91,6 +98,34 @@ class DataPath:
             if key not in self._parts.chain:
                 continue  # revoked while the batch was in hand
             self._send_run(key, run, headers=headers)
+
+    def _hold_refused(self, key: PartitionKey, size: int, exc: KafkaException) -> None:
+        """An envelope too large to stage: hold its partition at its first record; the others go on.
+
+        The partition is paused and sought back to that record, so that whatever resumes it (a backpressure
+        resume, a new assignment) reads it again and meets the same refusal: nothing past it is sent, and
+        the deduper sees no gap. Only a restart with a larger ``wrapper.staging_max_message_bytes`` moves it.
+        """
+        held_at = self._parts.chain[key] + 1  # everything before it was produced
+        first = key not in self.refused
+        self.refused[key] = (held_at, size)
+        tp = TopicPartition(key.topic, key.partition, held_at)
+        self._clients.consumer.pause([tp])
+        self._clients.consumer.seek(tp)  # also drops what was fetched past it
+        repeats = self._refusals.admit(key)
+        if repeats is not None:
+            again = f" (met {repeats[0]} more times in {repeats[1]:.0f} s)" if repeats[0] else ""
+            _log.error(
+                "source partition %s is held at offset %d: its envelope of %d bytes is larger than staging takes "
+                "(%s); raise wrapper.staging_max_message_bytes (now %d) and the staging topic's max.message.bytes, "
+                "then restart the wrapper (the other partitions go on; nothing is skipped)%s",
+                key,
+                held_at,
+                size,
+                exc.args[0].str() if exc.args else exc,
+                self._staging_max,
+                again if not first else "",
+            )
 
     def records_only(self, msgs: Sequence[Message]) -> list[Message]:
         """The records of a batch that also holds error events, which are handled here (or raise)."""
@@ -146,6 +181,11 @@ class DataPath:
                 except BufferError:
                     # Local queue full: serve delivery reports to make room.
                     self._clients.producer.poll(0.05)
+                except KafkaException as exc:
+                    if record_too_large(exc) is None:
+                        raise
+                    self._hold_refused(key, len(built.value), exc)
+                    return  # the rest of the run is read again once the partition goes on
             self._parts.tracker.sent(key, last)
             self._parts.chain[key] = last
             self.records_sent += built.record_count

@@ -91,6 +91,10 @@ class WrapperStatus:
                 control_pb2.ControlLinkState(address=link.address, connected=link.connected)
                 for link in list(dedupers.links)
             ],
+            held_partitions=[
+                control_pb2.HeldPartition(topic=k.topic, partition=k.partition, offset=at, envelope_bytes=size)
+                for k, (at, size) in sorted(dict(self._data.refused).items())
+            ],
         )
 
     def unavailable_reason(self) -> str:

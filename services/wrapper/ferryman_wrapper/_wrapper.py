@@ -156,6 +156,7 @@ class Wrapper:
             wrapper_id=self.wrapper_id,
             envelope_max_records=self._wc.envelope_max_records,
             envelope_max_bytes=self._wc.envelope_max_bytes,
+            staging_max_message_bytes=self._wc.staging_max_message_bytes,
             source_health=self.source_health,
             target_health=self.target_health,
             timeout_s=_ADMIN_TIMEOUT_S,
