@@ -75,6 +75,7 @@ def wrapper_status(**overrides: object) -> control_pb2.GetWrapperStatusResponse:
         "watermarks": [control_pb2.PartitionWatermark(topic="t", partition=0, watermark=499, lag=100)],
         "unavailable_reason": "",
         "producer_rebuilds": 1,
+        "held_partitions": [control_pb2.HeldPartition(topic="t", partition=1, offset=42, envelope_bytes=9 << 20)],
     }
     fields.update(overrides)
     return control_pb2.GetWrapperStatusResponse(**fields)  # type: ignore[arg-type]

@@ -119,6 +119,8 @@ def test_wrapper_partitions() -> None:
     assert values[("ferryman_wrapper_wrapped_offset", p1)] == -1
     assert ("ferryman_wrapper_source_end_offset", p1) not in values
     assert ("ferryman_wrapper_lag_records", p1) not in values
+    assert values[("ferryman_wrapper_held_offset", p1)] == 42  # a record too large to stage holds it
+    assert ("ferryman_wrapper_held_offset", p0) not in values
 
 
 def test_wrapper_without_a_control_link_exports_no_link_state() -> None:

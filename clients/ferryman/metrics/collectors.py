@@ -355,6 +355,12 @@ class WrapperCollector(Collector):
         wrapped = _partition_gauge(
             "ferryman_wrapper_wrapped_offset", "Last source offset wrapped into an envelope (-1: none yet)."
         )
+        held = _partition_gauge(
+            "ferryman_wrapper_held_offset",
+            "Source offset a partition is held at: a record too large to stage (only while held).",
+        )
+        for h in st.held_partitions:
+            held.add_metric([flow, h.topic, str(h.partition)], h.offset)
         rows = []
         for p in st.partitions:
             labels = [flow, p.topic, str(p.partition)]
@@ -364,6 +370,7 @@ class WrapperCollector(Collector):
             rows.append((p.topic, p.partition, p.log_end_offset, p.last_wrapped_offset + 1))
         yield ends
         yield wrapped
+        yield held
         yield from self._lag.families(flow, rows, self._clock())
 
 
