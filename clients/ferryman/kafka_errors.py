@@ -148,14 +148,29 @@ def kafka_error_of(exc: BaseException) -> KafkaError | None:
 #: A record (or its batch) larger than the destination accepts: the broker's topic max.message.bytes, or the
 #: producer's own message.max.bytes. Not transient in fact: it fails every transaction that holds the record.
 _TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+#: Records a topic's configuration refuses, as every transaction holding them fails: too large, a timestamp
+#: outside ``message.timestamp.before/after.max.ms``, a record without a key for a compacted topic.
+_REFUSED_CODES = _TOO_LARGE_CODES | {KafkaError.INVALID_TIMESTAMP, KafkaError.INVALID_RECORD}
+
+
+def _carried(exc: BaseException) -> KafkaError | None:
+    """The KafkaError of exc, or of the KafkaException a KafkaOperationError wraps."""
+    err = kafka_error_of(exc)
+    if err is None and isinstance(exc, KafkaOperationError) and isinstance(exc.__cause__, BaseException):
+        err = kafka_error_of(exc.__cause__)
+    return err
 
 
 def record_too_large(exc: BaseException) -> KafkaError | None:
     """The error of exc when a record was refused as too large (``MSG_SIZE_TOO_LARGE``, ``RECORD_LIST_TOO_LARGE``)."""
-    err = kafka_error_of(exc)
-    if err is None and isinstance(exc, KafkaOperationError) and isinstance(exc.__cause__, BaseException):
-        err = kafka_error_of(exc.__cause__)
+    err = _carried(exc)
     return err if err is not None and err.code() in _TOO_LARGE_CODES else None
+
+
+def record_refused(exc: BaseException) -> KafkaError | None:
+    """The error of exc when a topic's configuration refused a record: too large, its timestamp, no key."""
+    err = _carried(exc)
+    return err if err is not None and err.code() in _REFUSED_CODES else None
 
 
 def classify(error: KafkaError | BaseException) -> ErrorClass:

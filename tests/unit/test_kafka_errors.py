@@ -19,6 +19,7 @@ from ferryman.kafka_errors import (
     authorization_error,
     classify,
     kafka_error_of,
+    record_refused,
     record_too_large,
     retry_retriable,
     wait_out_transient,
@@ -426,3 +427,12 @@ def test_a_record_refused_as_too_large_is_told_apart_bare_or_wrapped(code: int) 
         KafkaOperationError("y", TimeoutError()),
     ):
         assert record_too_large(other) is None
+
+
+def test_a_record_a_topic_refuses_by_its_configuration_is_told_apart_and_size_is_one_such_refusal() -> None:
+    for code in (KafkaError.INVALID_TIMESTAMP, KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE):
+        refused = KafkaException(err(code, txn_requires_abort=True))
+        assert record_refused(refused) is refused.args[0]
+        assert record_refused(KafkaOperationError("flushing destination records", refused)) is refused.args[0]
+    assert record_too_large(KafkaException(err(KafkaError.INVALID_RECORD))) is None
+    assert record_refused(KafkaException(err(KafkaError.NOT_ENOUGH_REPLICAS, retriable=True))) is None

@@ -599,7 +599,7 @@ class Deduper:
             self._txn.recover(exc, what)
             if self._state_lost:
                 return self._stalled()
-            if self._txn.refused_too_large:
+            if self._txn.refused_record:
                 # The rewind writes the refused record again and fails again at once (at produce() when it
                 # is over deduper.max_message_bytes): retry at the slowest backoff, not in a tight loop.
                 self._stop.wait(_RECOVERY_BACKOFF_S[1])
@@ -857,8 +857,8 @@ class Deduper:
         """Why wrappers should pause for the destination ("" when it is fine)."""
         if not self.health.reachable:
             return f"destination cluster unavailable ({self.health.reason})"
-        if self._txn.refused_too_large:
-            return self._txn.refused_too_large
+        if self._txn.refused_record:
+            return self._txn.refused_record
         failures = self._txn.commits_failing()
         return f"destination cluster unavailable ({failures} failed commits)" if failures >= 2 else ""
 

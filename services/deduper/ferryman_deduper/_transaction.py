@@ -42,7 +42,7 @@ from ferryman.kafka_errors import (
     classify,
     is_stale_generation,
     kafka_error_of,
-    record_too_large,
+    record_refused,
     retry_retriable,
 )
 from ferryman.kafka_log import RepeatFilter
@@ -131,9 +131,10 @@ class Transaction:
         self.next_offsets: dict[int, int] = {}
         self.delivery_error: KafkaError | None = None
         self.producer_fatal: KafkaError | None = None
-        #: Why the last failed transaction failed when the destination refused a record as too large (that
-        #: fails every transaction holding it, so the flow waits for an operator), until a commit succeeds.
-        self.refused_too_large = ""
+        #: Why the last failed transaction failed when the destination refused a record (too large, its
+        #: timestamp, no key for a compacted topic: every transaction holding it fails, so the flow waits for an
+        #: operator), until a commit succeeds.
+        self.refused_record = ""
         self._refusals = RepeatFilter()
         self.consecutive_failures = 0
         #: When the last of them failed (monotonic), for `commits_failing`.
@@ -378,9 +379,9 @@ class Transaction:
         committed = dict(self.pending)
         self.clear()
         self.consecutive_failures = 0
-        if self.refused_too_large:
-            _log.info("a commit succeeded: the destination takes the record it refused as too large now")
-            self.refused_too_large = ""
+        if self.refused_record:
+            _log.info("a commit succeeded: the destination takes the record it refused now")
+            self.refused_record = ""
         self.stats.committed += 1
         self.commit_times.add(time.monotonic() - started)
         self._health.up()
@@ -437,10 +438,10 @@ class Transaction:
                     f"instance ({exc}); two live processes must not share an instance id"
                 ) from exc
             cls = ErrorClass.FATAL  # ours: expired by the coordinator
-        # A record refused as too large is told as an ERROR once per 30 s (`_note_too_large`), not per try.
-        level = logging.DEBUG if record_too_large(exc) is not None else logging.WARNING
+        # A refused record is told as an ERROR once per 30 s (`_note_refused`), not per try.
+        level = logging.DEBUG if record_refused(exc) is not None else logging.WARNING
         _log.log(level, "%s failed (%s, %s): rewinding to the last commit", what, cls.value, exc)
-        self._note_too_large(exc)
+        self._note_refused(exc)
         self.stats.aborted += 1
         if not is_stale_generation(exc):
             # A rebalance or a fence of the staging consumer is the group's business: the wrappers pause
@@ -466,20 +467,35 @@ class Transaction:
         if cls is not ErrorClass.ABORTABLE or not self.exactly_once:
             self.rebuild(after_own_fence=own_fence)
 
-    def _note_too_large(self, exc: BaseException) -> None:
-        """A record refused as too large: name the cause and the remedy (ERROR, once per 30 s with a count)."""
-        err = record_too_large(exc)
+    def _note_refused(self, exc: BaseException) -> None:
+        """A record the destination refuses: name the cause and the remedy (ERROR, once per 30 s with a count)."""
+        err = record_refused(exc)
         if err is None:
             return
-        self.refused_too_large = (
-            f"the destination refuses a record as too large ({err.str()}): raise that destination topic's "
-            f"max.message.bytes (and the brokers' message.max.bytes, or deduper.max_message_bytes = "
-            f"{self._dc.max_message_bytes} if the record is larger); the flow waits for it, nothing is skipped"
+        if err.code() == KafkaError.INVALID_TIMESTAMP:
+            remedy = (
+                "its timestamp is outside what the destination topic takes: widen its message.timestamp.before.max.ms "
+                "and message.timestamp.after.max.ms (message.timestamp.difference.max.ms before Kafka 3.6) to the "
+                "source topic's"
+            )
+        elif err.code() == KafkaError.INVALID_RECORD:
+            remedy = (
+                "the destination topic's configuration does not take it: a compacted topic (cleanup.policy compact) "
+                "takes no record without a key; make the topic's configuration match the source topic's"
+            )
+        else:
+            remedy = (
+                "it is too large: raise that destination topic's max.message.bytes (and the brokers' "
+                f"message.max.bytes, or deduper.max_message_bytes = {self._dc.max_message_bytes} if the record "
+                "is larger)"
+            )
+        self.refused_record = (
+            f"the destination refuses a record ({err.str()}): {remedy}; the flow waits for it, nothing is skipped"
         )
-        repeats = self._refusals.admit("too-large")
+        repeats = self._refusals.admit(err.code())
         if repeats is not None:
             held = f" ({repeats[0]} more such failures in the last {repeats[1]:.0f} s)" if repeats[0] else ""
-            _log.error("%s%s", self.refused_too_large, held)
+            _log.error("%s%s", self.refused_record, held)
 
     def _class_of(self, exc: BaseException) -> ErrorClass:
         if isinstance(exc, WedgedCallError):

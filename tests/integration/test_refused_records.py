@@ -1,16 +1,19 @@
-"""A source record larger than its destination topic accepts, on real clusters.
+"""Records a destination topic's configuration refuses, on real clusters.
 
-Operators often make destination topics ahead of a flow with the cluster's defaults (``max.message.bytes``
-1 MiB) while the source topic takes more. Every transaction that holds such a record fails
-(``MSG_SIZE_TOO_LARGE``): the flow cannot go on past it without skipping it, and exactly-once never skips.
+Operators often make destination topics ahead of a flow with the cluster's defaults, or with limits the source
+topic does not have: ``max.message.bytes`` 1 MiB, ``cleanup.policy=compact`` (no record without a key), a
+``message.timestamp.before.max.ms`` that old records fall outside. Every transaction that holds such a record
+fails: the flow cannot go on past it without skipping it, and exactly-once never skips.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -25,49 +28,56 @@ from tests.helpers.services import RunningFlow, running_flow, write_flow_config
 pytestmark = pytest.mark.integration
 
 MIB = 1 << 20
-#: Records per partition before and after the large one (on partition 0).
+#: Records per partition before and after the refused one (on partition 0).
 AROUND = 100
+#: A day ago, in ms: older than the destination topic takes in the timestamp case.
+_DAY_MS = 86_400_000
 
 SourceRecords = dict[int, list[ConsumedRecord]]
 
 
-def _source_with_one_large_record(source: KafkaCluster, topic: str, size: int = 3 * MIB // 2) -> SourceRecords:
-    """Two partitions of small records, one of size bytes among them on partition 0; what the source holds."""
-    create_topic(source.bootstrap_servers, topic, 2, {"max.message.bytes": str(size + MIB)})
-    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "message.max.bytes": size + 2 * MIB})
+def _source_with_one_odd_record(source: KafkaCluster, topic: str, **odd: Any) -> SourceRecords:
+    """Two partitions of small keyed records; record AROUND of partition 0 is made with odd's produce() arguments."""
+    create_topic(source.bootstrap_servers, topic, 2, {"max.message.bytes": str(12 * MIB)})
+    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "message.max.bytes": 16 * MIB})
     for i in range(2 * AROUND + 1):
         for partition in (0, 1):
-            value = b"x" * size if (partition, i) == (0, AROUND) else f"{partition}:{i}".encode()
-            producer.produce(topic, value=value, partition=partition)
+            record: dict[str, Any] = {"key": f"{partition}:{i}".encode(), "value": f"{partition}:{i}".encode()}
+            if (partition, i) == (0, AROUND):
+                record.update(odd)
+            producer.produce(topic, partition=partition, **record)
     assert producer.flush(30) == 0
     return read_all(source.bootstrap_servers, topic)
 
 
-def _set_max_message_bytes(cluster: KafkaCluster, topic: str, value: int) -> None:
+def _set_topic_config(cluster: KafkaCluster, topic: str, name: str, value: str) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    change = ConfigEntry("max.message.bytes", str(value), incremental_operation=AlterConfigOpType.SET)
+    change = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[change])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
 
 
-def _refused_and_waiting(f: RunningFlow, destination: KafkaCluster, copy: str, src: SourceRecords) -> str:
+def _refused_and_waiting(
+    f: RunningFlow, destination: KafkaCluster, copy: str, src: SourceRecords, words: tuple[str, ...]
+) -> str:
     """The refusal is named in the log, the status and the wrappers' pause; nothing is written twice meanwhile.
 
     Returns:
         The deduper's gRPC address.
     """
-    f.deduper.wait_for_log("the destination refuses a record as too large", 90)
+    f.deduper.wait_for_log("the destination refuses a record (", 90)
     address = local(grpc_port(f.deduper))
     reason = wait_until(lambda: deduper_status(address).unavailable_reason, 30, message="a status reason")
-    assert "too large" in reason and "max.message.bytes" in reason and "max_message_bytes" in reason, reason
-    f.wrapper.wait_for_log("pausing source reads: the destination refuses a record as too large", 30)
-    # Each partition holds a prefix of its source, without the large record.
+    assert all(word in reason for word in words), (words, reason)
+    f.wrapper.wait_for_log("pausing source reads: the destination refuses a record (", 30)
+    # Each partition holds a prefix of its source, without the refused record.
     held = read_all(destination.bootstrap_servers, copy)
     for partition, records in held.items():
         assert [r.value for r in records] == [r.value for r in src[partition][: len(records)]]
         assert len(records) <= (AROUND if partition == 0 else 2 * AROUND + 1)
-    assert f.deduper.output().count("refuses a record as too large") <= 3  # ERROR once per 30 s, not per try
+    errors = [line for line in f.deduper.output().splitlines() if "ERROR" in line and "refuses a record" in line]
+    assert len(errors) <= 3, errors  # once per 30 s, not per try (every ~5 s)
     return address
 
 
@@ -77,25 +87,60 @@ def _copied_once(f: RunningFlow, destination: KafkaCluster, copy: str, src: Sour
     wait_until(lambda: not deduper_status(address).unavailable_reason, 30, message="the status clear again")
 
 
-def test_a_record_larger_than_the_destination_topic_takes_is_named_waited_for_and_copied_once_allowed(
-    source_cluster: KafkaCluster, destination_cluster: KafkaCluster, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    """A 1.5 MiB record for a destination topic made ahead with max.message.bytes 1 MiB.
+#: (odd record's produce() arguments, destination topic config, the config that takes it, words of the reason).
+REFUSALS = [
+    pytest.param(
+        {"value": b"x" * (3 * MIB // 2)},
+        ("max.message.bytes", str(MIB)),
+        ("max.message.bytes", str(3 * MIB)),
+        ("too large", "max.message.bytes", "deduper.max_message_bytes"),
+        id="too-large",
+    ),
+    pytest.param(
+        {"key": None},
+        ("cleanup.policy", "compact"),
+        ("cleanup.policy", "delete"),
+        ("cleanup.policy", "without a key"),
+        id="no-key-for-a-compacted-topic",
+    ),
+    pytest.param(
+        {"timestamp": int(time.time() * 1000) - _DAY_MS},  # a day before the test run
+        ("message.timestamp.before.max.ms", str(3_600_000)),
+        ("message.timestamp.before.max.ms", str(2**63 - 1)),
+        ("timestamp", "message.timestamp.before.max.ms"),
+        id="timestamp-too-old",
+    ),
+]
 
-    Before, the deduper warned of a failed commit every ~3.5 s and told the wrappers (and its status) that
-    the destination cluster was unavailable, which it was not. Now one ERROR per 30 s names the refusal and
-    the settings to raise, the status and the wrappers' pause say the same, nothing is written twice
-    meanwhile, and once the topic takes the record the flow goes on by itself: an exact copy.
+
+@pytest.mark.parametrize(("odd", "refusing", "taking", "words"), REFUSALS)
+def test_a_record_the_destination_topic_refuses_is_named_waited_for_and_copied_once_taken(
+    source_cluster: KafkaCluster,
+    destination_cluster: KafkaCluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    odd: dict[str, Any],
+    refusing: tuple[str, str],
+    taking: tuple[str, str],
+    words: tuple[str, ...],
+) -> None:
+    """A destination topic made ahead with a config that refuses one source record.
+
+    Before, the deduper rebuilt its producer and tried again three to five times a second (a warning and an
+    init_transactions each time), and told the wrappers (and its status) that the destination cluster was
+    unavailable, which it was not. Now one ERROR per 30 s names the refusal and the config to change, the
+    status and the wrappers' pause say the same, it tries again every 5 s, nothing is written twice meanwhile,
+    and once the topic takes the record the flow goes on by itself: an exact copy.
     """
-    topic = unique_name("large")
+    topic = unique_name("refused")
     copy = f"src.{topic}"
-    src = _source_with_one_large_record(source_cluster, topic)
-    create_topic(destination_cluster.bootstrap_servers, copy, 2, {"max.message.bytes": str(MIB)})
+    src = _source_with_one_odd_record(source_cluster, topic, **odd)
+    create_topic(destination_cluster.bootstrap_servers, copy, 2, dict([refusing]))
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=unique_name("flow"), topics=[topic]) as f:
-        address = _refused_and_waiting(f, destination_cluster, copy, src)
-        _set_max_message_bytes(destination_cluster, copy, 3 * MIB)
+        address = _refused_and_waiting(f, destination_cluster, copy, src, words)
+        _set_topic_config(destination_cluster, copy, *taking)
         _copied_once(f, destination_cluster, copy, src, address)
-        f.deduper.wait_for_log("the destination takes the record it refused as too large now", 30)
+        f.deduper.wait_for_log("the destination takes the record it refused now", 30)
         for proc in (f.wrapper, f.deduper):
             assert proc.alive and proc.starts == 1, proc.output()[-4000:]
 
@@ -109,11 +154,11 @@ def test_a_record_larger_than_the_deduper_may_produce_is_named_and_copied_once_a
     """
     topic, flow = unique_name("large"), unique_name("flow")
     copy = f"src.{topic}"
-    src = _source_with_one_large_record(source_cluster, topic)
+    src = _source_with_one_odd_record(source_cluster, topic, value=b"x" * (3 * MIB // 2))
     create_topic(destination_cluster.bootstrap_servers, copy, 2, {"max.message.bytes": str(3 * MIB)})
     small = {"max_message_bytes": MIB}
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic], deduper=small) as f:
-        _refused_and_waiting(f, destination_cluster, copy, src)
+        _refused_and_waiting(f, destination_cluster, copy, src, ("too large", "deduper.max_message_bytes = 1048576"))
         assert f.deduper.terminate() == 0
         write_flow_config(
             source_cluster,
@@ -139,7 +184,7 @@ def test_a_record_too_large_to_stage_holds_its_partition_only_named_until_a_rest
     """
     topic, flow = unique_name("huge"), unique_name("flow")
     copy, staging = f"src.{topic}", f"ferryman.{flow}.staging.internal"
-    src = _source_with_one_large_record(source_cluster, topic, size=9 * MIB)
+    src = _source_with_one_odd_record(source_cluster, topic, value=b"x" * (9 * MIB))
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic]) as f:
         held = read_all(destination_cluster.bootstrap_servers, copy, expected=AROUND + 2 * AROUND + 1, timeout_s=90)
         assert len(held[0]) == AROUND and len(held[1]) == 2 * AROUND + 1, {p: len(r) for p, r in held.items()}
@@ -163,7 +208,7 @@ def test_a_record_too_large_to_stage_holds_its_partition_only_named_until_a_rest
             assert proc.terminate() == 0
         # The deduper's start-up names the dead-letter topic too (it holds records near its limit, wrapped).
         for name in (staging, copy, f"ferryman.{flow}.dlq.internal"):
-            _set_max_message_bytes(destination_cluster, name, 17 * MIB)
+            _set_topic_config(destination_cluster, name, "max.message.bytes", str(17 * MIB))
         larger = {"staging_max_message_bytes": 16 * MIB}
         write_flow_config(
             source_cluster,
