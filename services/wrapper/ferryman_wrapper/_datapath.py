@@ -79,7 +79,7 @@ class DataPath:
         self._envelope_max_bytes = envelope_max_bytes
         self._staging_max = staging_max_message_bytes
         #: Source partitions held at a record too large to stage: the offset held at and the envelope's bytes.
-        self.refused: dict[PartitionKey, tuple[int, int]] = {}
+        self._refused: dict[PartitionKey, tuple[int, int]] = {}
         self._refusals = RepeatFilter()
         self._source_health = source_health
         self._target_health = target_health
@@ -107,8 +107,7 @@ class DataPath:
         the deduper sees no gap. Only a restart with a larger ``wrapper.staging_max_message_bytes`` moves it.
         """
         held_at = self._parts.chain[key] + 1  # everything before it was produced
-        first = key not in self.refused
-        self.refused[key] = (held_at, size)
+        self._refused[key] = (held_at, size)
         tp = TopicPartition(key.topic, key.partition, held_at)
         self._clients.consumer.pause([tp])
         self._clients.consumer.seek(tp)  # also drops what was fetched past it
@@ -124,8 +123,13 @@ class DataPath:
                 size,
                 exc.args[0].str() if exc.args else exc,
                 self._staging_max,
-                again if not first else "",
+                again,
             )
+
+    def held(self) -> list[tuple[PartitionKey, int, int]]:
+        """The assigned partitions held at a record too large to stage: (partition, offset, envelope bytes)."""
+        assigned = self._parts.chain
+        return [(k, at, size) for k, (at, size) in sorted(dict(self._refused).items()) if k in assigned]
 
     def records_only(self, msgs: Sequence[Message]) -> list[Message]:
         """The records of a batch that also holds error events, which are handled here (or raise)."""

@@ -93,7 +93,7 @@ class WrapperStatus:
             ],
             held_partitions=[
                 control_pb2.HeldPartition(topic=k.topic, partition=k.partition, offset=at, envelope_bytes=size)
-                for k, (at, size) in sorted(dict(self._data.refused).items())
+                for k, at, size in self._data.held()
             ],
         )
 
