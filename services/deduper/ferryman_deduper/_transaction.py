@@ -490,7 +490,8 @@ class Transaction:
                 "is larger)"
             )
         self.refused_record = (
-            f"the destination refuses a record ({err.str()}): {remedy}; the flow waits for it, nothing is skipped"
+            f"the destination refuses a record ({err.name()}: {err.str()}): {remedy}; "
+            "the flow waits for it, nothing is skipped"
         )
         repeats = self._refusals.admit(err.code())
         if repeats is not None:

@@ -121,7 +121,7 @@ class DataPath:
                 key,
                 held_at,
                 size,
-                exc.args[0].str() if exc.args else exc,
+                f"{exc.args[0].name()}: {exc.args[0].str()}" if exc.args else exc,
                 self._staging_max,
                 again,
             )
