@@ -39,7 +39,11 @@ SourceRecords = dict[int, list[ConsumedRecord]]
 def _source_with_one_odd_record(source: KafkaCluster, topic: str, **odd: Any) -> SourceRecords:
     """Two partitions of small keyed records; record AROUND of partition 0 is made with odd's produce() arguments."""
     create_topic(source.bootstrap_servers, topic, 2, {"max.message.bytes": str(12 * MIB)})
-    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "message.max.bytes": 16 * MIB})
+    # Idempotent: a retried 9 MiB request must not land ahead of the records produced before it (a CI run
+    # without it found the large record at offset 0).
+    producer = Producer(
+        {"bootstrap.servers": source.bootstrap_servers, "message.max.bytes": 16 * MIB, "enable.idempotence": True}
+    )
     for i in range(2 * AROUND + 1):
         for partition in (0, 1):
             record: dict[str, Any] = {"key": f"{partition}:{i}".encode(), "value": f"{partition}:{i}".encode()}
@@ -47,7 +51,9 @@ def _source_with_one_odd_record(source: KafkaCluster, topic: str, **odd: Any) ->
                 record.update(odd)
             producer.produce(topic, partition=partition, **record)
     assert producer.flush(30) == 0
-    return read_all(source.bootstrap_servers, topic)
+    src = read_all(source.bootstrap_servers, topic)
+    assert [r.value for r in src[0][:AROUND]] == [f"0:{i}".encode() for i in range(AROUND)]  # the odd one at AROUND
+    return src
 
 
 def _set_topic_config(cluster: KafkaCluster, topic: str, name: str, value: str) -> None:
