@@ -23,7 +23,7 @@ from ferryman.status import deduper_status, wrapper_status
 from tests.helpers.grpc_clients import local
 from tests.helpers.kafka import ConsumedRecord, KafkaCluster, assert_exact_copy, create_topic, read_all, wait_until
 from tests.helpers.restarts import grpc_port
-from tests.helpers.services import RunningFlow, running_flow, write_flow_config
+from tests.helpers.services import RunningFlow, ServiceProcess, running_flow, write_flow_config
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +85,24 @@ def _refused_and_waiting(
     errors = [line for line in f.deduper.output().splitlines() if "ERROR" in line and "refuses a record" in line]
     assert len(errors) <= 3, errors  # once per 30 s, not per try (every ~5 s)
     return address
+
+
+def _restart_with(
+    f: RunningFlow,
+    procs: list[ServiceProcess],
+    source: KafkaCluster,
+    destination: KafkaCluster,
+    log_dir: Path,
+    flow: str,
+    topic: str,
+    **config: Any,
+) -> None:
+    """Stop procs, write the flow's configuration again with config (``wrapper=``, ``deduper=``), start them."""
+    for proc in procs:
+        assert proc.terminate() == 0
+    write_flow_config(source, destination, log_dir, flow=flow, topics=[topic], **config)
+    for proc in procs:
+        proc.start().wait_for_log("gRPC server listening on port", 60)
 
 
 def _copied_once(f: RunningFlow, destination: KafkaCluster, copy: str, src: SourceRecords, address: str) -> None:
@@ -165,16 +183,8 @@ def test_a_record_larger_than_the_deduper_may_produce_is_named_and_copied_once_a
     small = {"max_message_bytes": MIB}
     with running_flow(source_cluster, destination_cluster, tmp_path, flow=flow, topics=[topic], deduper=small) as f:
         _refused_and_waiting(f, destination_cluster, copy, src, ("too large", "deduper.max_message_bytes = 1048576"))
-        assert f.deduper.terminate() == 0
-        write_flow_config(
-            source_cluster,
-            destination_cluster,
-            tmp_path,
-            flow=flow,
-            topics=[topic],
-            deduper={"max_message_bytes": 4 * MIB},
-        )
-        f.deduper.start().wait_for_log("gRPC server listening on port", 60)
+        bigger = {"max_message_bytes": 4 * MIB}
+        _restart_with(f, [f.deduper], source_cluster, destination_cluster, tmp_path, flow, topic, deduper=bigger)
         _copied_once(f, destination_cluster, copy, src, local(grpc_port(f.deduper)))
 
 
@@ -210,22 +220,10 @@ def test_a_record_too_large_to_stage_holds_its_partition_only_named_until_a_rest
         ).stdout
         assert f"{topic}-0 held at {AROUND} (" in shown and "raise wrapper.staging_max_message_bytes" in shown, shown
 
-        for proc in (f.wrapper, f.deduper):
-            assert proc.terminate() == 0
         # The deduper's start-up names the dead-letter topic too (it holds records near its limit, wrapped).
         for name in (staging, copy, f"ferryman.{flow}.dlq.internal"):
             _set_topic_config(destination_cluster, name, "max.message.bytes", str(17 * MIB))
-        larger = {"staging_max_message_bytes": 16 * MIB}
-        write_flow_config(
-            source_cluster,
-            destination_cluster,
-            tmp_path,
-            flow=flow,
-            topics=[topic],
-            wrapper=larger,
-            deduper={"max_message_bytes": 16 * MIB},
-        )
-        f.wrapper.start()
-        f.deduper.start()
+        larger = {"wrapper": {"staging_max_message_bytes": 16 * MIB}, "deduper": {"max_message_bytes": 16 * MIB}}
+        _restart_with(f, [f.wrapper, f.deduper], source_cluster, destination_cluster, tmp_path, flow, topic, **larger)
         dst = read_all(destination_cluster.bootstrap_servers, copy, expected=2 * (2 * AROUND + 1), timeout_s=90)
         assert_exact_copy(src, dst)
