@@ -288,7 +288,9 @@ class DataPath:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                txn.delivery_error = err
+                # The cause, not the purge of the rest of the transaction it failed (a report that may come last).
+                if txn.delivery_error is None or txn.delivery_error.code() == KafkaError._PURGE_QUEUE:
+                    txn.delivery_error = err
                 return
             off = msg.offset()
             if off is None:
