@@ -12,7 +12,8 @@ the staging partitions it consumed from:
 
 So a crash at any point keeps all four or none. The rooms: ``_transaction``
 (the open transaction, its producer, commit, abort, recovery, watchdog),
-``_partitions`` (the staging consumer, rebalances, restore and rewind), this
+``_partitions`` (the staging consumer, rebalances, restore and rewind),
+``_flow_topics`` (the internal topics, and those deleted under the flow), this
 module (set-up, the loop, the data path) and ``_control`` (the control link).
 
 **Riding through faults.** Anything transient (``ferryman.kafka_errors.
@@ -35,10 +36,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from ferryman import envelope, preflight, rowproduce, topics
-from ferryman.advertisement import advertised_address, dedupers_topic
+from ferryman import envelope, preflight, rowproduce
+from ferryman.advertisement import advertised_address
 from ferryman.audit_verdicts import VerdictFollower
-from ferryman.client_config import base_config, connected_producer, data_producer_config, streaming_consumer_config
+from ferryman.client_config import base_config, connected_producer
 from ferryman.config import FerrymanConfig, FlowConfig
 from ferryman.errors import FencedError, FerrymanError, WedgedCallError
 from ferryman.flows import UNCHANGED, FlowRegistry, LiveFlow, seed_and_check
@@ -47,29 +48,28 @@ from ferryman.kafka_errors import is_transient, wait_out_transient
 from ferryman.metrics import LATENCY_COUNT, deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
 from ferryman.rpc import serving
-from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
+from ferryman.state import PartitionKey, read_compacted
 from ferryman.status import package_version
-from ferryman.topics import InternalTopic
 from ferryman.tracing import start_tracing
 from ferryman.v1 import control_pb2, control_pb2_grpc, flows_pb2_grpc, state_pb2
 
 from ferryman_deduper._advertise import Advertiser
+from ferryman_deduper._clients import producer_config, staging_consumer_config
 from ferryman_deduper._control import ControlHub, ControlServicer, ControlTicker, DeduperStatusServicer
 from ferryman_deduper._datapath import DataPath, DeduperStats
 from ferryman_deduper._destinations import DestinationTopics
+from ferryman_deduper._flow_topics import ADMIN_TIMEOUT_S, FlowTopics
 from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
 from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
-from ferryman_deduper._quarantine import DLQ_HEADER_ROOM_BYTES, Quarantine
-from ferryman_deduper._topic_watch import Found, TopicWatch
+from ferryman_deduper._quarantine import Quarantine
 from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
 
 _log = logging.getLogger(__name__)
 
-_ADMIN_TIMEOUT_S = 30.0
 #: Upper bound of the commit-cost-driven transaction length (see _commit_cost_budget).
 _MAX_ADAPTIVE_TXN_S = 1.0
 _SERVICE_NAMES = ("ferryman.v1.ControlService", "ferryman.v1.DeduperService")
@@ -115,7 +115,6 @@ class Deduper:
         self._names = FlowNames.of(flow, wrapper_group=config.wrapper.group_id, deduper_group=self._dc.group_id)
         self._target = config.clusters[flow.target]
         self._eos = flow.exactly_once
-        self._staging_max_message_bytes = config.wrapper.staging_max_message_bytes
         self._stop = threading.Event()
         self.stats = DeduperStats()
         self.health = ClusterHealth(flow.target, self._target, on_change=self._health_changed)
@@ -162,14 +161,13 @@ class Deduper:
         self._live: LiveFlow | None = None
         #: The flow is deleted (or re-created as this process cannot run it): idle, NOT_SERVING.
         self._flow_idle = False
-        #: The destination's admin client (after start-up), and the id of the staging topic this deduper reads.
-        self._admin: AdminClient | None = None
-        self._staging_id: bytes | None = None
-        #: The id of the state topic restored from, and why the flow stalls once it is gone ("" while it is there).
-        self._state_id: bytes | None = None
-        self._state_lost = ""
-        #: Whether the flow's topics still exist, asked off the loop (after start-up).
-        self._watch: TopicWatch | None = None
+        #: The flow's internal topics: made at start-up, then watched (deleted under the flow, made again).
+        self._topics = FlowTopics(
+            self._names,
+            flow,
+            staging_max_message_bytes=config.wrapper.staging_max_message_bytes,
+            startup_timeout_s=self._dc.startup_timeout_s,
+        )
 
     # ------------------------------------------------------------------ setup
     def _client_id(self, suffix: str) -> str:
@@ -179,36 +177,14 @@ class Deduper:
         return base_config(self._target, self._client_id(suffix))
 
     def _make_producer(self) -> tuple[Producer, bool]:
-        conf = data_producer_config(
-            self._target, self._client_id("producer"), max_message_bytes=self._dc.max_message_bytes
+        conf = producer_config(
+            self._target,
+            self._client_id("producer"),
+            self._dc,
+            transactional_id=self._txn.transactional_id if self._eos else None,
+            error_cb=self._txn.on_producer_error,
+            on_delivery=self._on_delivery,
         )
-        conf.update(
-            {
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": self._dc.linger_ms,
-                "compression.type": self._dc.compression_type,
-                "message.max.bytes": self._dc.max_message_bytes,
-                # A transaction may hold up to transaction_max_records records
-                # before it is committed; all of them wait in the local queue
-                # while the broker is behind.
-                "queue.buffering.max.messages": max(100_000, 2 * self._dc.transaction_max_records),
-                # CONCURRENT_TRANSACTIONS right after a commit clears within
-                # tens of ms; the 100 ms default backoff would cap us at a few
-                # transactions per second (KAFKA-5477).
-                "retry.backoff.ms": 20,
-                "error_cb": self._txn.on_producer_error,
-            }
-        )
-        if self._eos:
-            conf["transactional.id"] = self._txn.transactional_id
-            conf["transaction.timeout.ms"] = self._dc.transaction_timeout_ms
-        else:
-            # No transaction fails for a record librdkafka gave up on (message.timeout.ms, a record the
-            # destination refuses): a delivery report per record catches it before the staging offsets
-            # past it are committed. So the direct path, which has no per-record report, is for
-            # exactly-once flows only.
-            conf["on_delivery"] = self._on_delivery
         producer = connected_producer(conf, self._names.staging_topic)
         # The client.id a cluster's client_config may have set is the one librdkafka names the handle after.
         direct = self._eos and self._dc.direct_produce and rowproduce.adopts(producer, str(conf["client.id"]))
@@ -229,28 +205,17 @@ class Deduper:
         return rowproduce.describe(self._txn.direct)
 
     def _make_consumer(self) -> Consumer:
-        conf = streaming_consumer_config(
-            self._target, self._client_id("staging"), on_session_timeout=self._parts.fences.consumer_built()
+        return Consumer(
+            staging_consumer_config(
+                self._target,
+                self._client_id("staging"),
+                self._dc,
+                group_id=self._names.deduper_group,
+                instance_id=self.instance_id,
+                on_session_timeout=self._parts.fences.consumer_built(),
+                error_cb=self._parts.on_consumer_error,
+            )
         )
-        conf.update(
-            {
-                "group.id": self._names.deduper_group,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                # Positions are set explicitly on assignment. If a committed
-                # position has left the log (staging retention or a deletion
-                # ran ahead of us) we restart at the log start: the envelope
-                # chain then shows exactly which source records are missing,
-                # and they are reported as a gap and held, never skipped.
-                "auto.offset.reset": "earliest",
-                "partition.assignment.strategy": "cooperative-sticky",
-                "group.instance.id": self.instance_id,
-                "session.timeout.ms": self._dc.session_timeout_ms,
-                "error_cb": self._parts.on_consumer_error,
-            }
-        )
-        return Consumer(conf)
 
     def _flow_wrote(self, destinations: Collection[str]) -> set[str]:
         """Which of destinations the flow's committed state (every partition, any deduper's) names.
@@ -265,40 +230,13 @@ class Deduper:
         if not wanted <= self._written_destinations:
             parts = list(range(self._flow.staging_partitions))
             records = read_compacted(
-                self._client_conf("restore"), self._names.state_topic, parts, _ADMIN_TIMEOUT_S, settle=True
+                self._client_conf("restore"), self._names.state_topic, parts, ADMIN_TIMEOUT_S, settle=True
             )
             for recs in records.values():
                 for value in recs.values():
                     if value:
                         self._written_destinations.add(state_pb2.WatermarkState.FromString(value).destination_topic)
         return wanted & self._written_destinations
-
-    def _ensure_topics(self, admin: AdminClient) -> None:
-        topics.ensure_internal_topics(
-            admin, self._internal_topics(), _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
-        )
-
-    def _internal_topics(self) -> list[InternalTopic]:
-        """The internal topics the deduper makes at start-up (shapes checked there)."""
-        n = self._flow.staging_partitions
-        staging_configs = {"cleanup.policy": "delete", "max.message.bytes": str(self._staging_max_message_bytes)}
-        wanted = [
-            InternalTopic(
-                self._names.staging_topic, n, staging_configs, "staging", f"flows[{self._flow.name}].staging_partitions"
-            ),
-            InternalTopic(self._names.state_topic, n, COMPACTED_TOPIC_CONFIGS, "state"),
-            InternalTopic(self._names.specs_topic, 1, COMPACTED_TOPIC_CONFIGS, "topic-spec"),
-        ]
-        # Dead letters keep the original bytes of a staging record plus a few headers.
-        dlq_configs = {
-            "cleanup.policy": "delete",
-            "max.message.bytes": str(self._staging_max_message_bytes + DLQ_HEADER_ROOM_BYTES),
-        }
-        wanted.append(InternalTopic(self._names.dlq_topic, n, dlq_configs, "dead-letter"))
-        if self._flow.emit_offset_mappings:
-            wanted.append(InternalTopic(self._names.offset_map_topic, n, COMPACTED_TOPIC_CONFIGS, "offset-map"))
-        wanted.append(dedupers_topic(self._names))  # where the Advertiser writes
-        return wanted
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -369,22 +307,15 @@ class Deduper:
         if self._eos:
             step(
                 lambda: preflight.check_transaction_timeout(
-                    admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", _ADMIN_TIMEOUT_S
+                    admin, self._dc.transaction_timeout_ms, "deduper.transaction_timeout_ms", ADMIN_TIMEOUT_S
                 ),
                 what="reading the brokers' transaction.max.timeout.ms",
             )
         step(
-            lambda: self._ensure_topics(admin),
+            lambda: self._topics.ensure(admin),
             what="making the internal topics",
         )
-        self._admin = admin
-        self._watch = TopicWatch(admin)
-        staging, state = self._names.staging_topic, self._names.state_topic
-        ids = step(
-            lambda: topics.describe_topics(admin, [staging, state], _ADMIN_TIMEOUT_S),
-            what="describing the staging and state topics",
-        )
-        self._staging_id, self._state_id = ids[staging].topic_id, ids[state].topic_id
+        step(lambda: self._topics.read_ids(admin), what="describing the staging and state topics")
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
         self._flow = step(
@@ -399,7 +330,7 @@ class Deduper:
             specs_topic=self._names.specs_topic,
             naming=NamingPolicy(self._flow.source, self._flow.naming),
             replicate_configs=self._flow.replicate_topic_configs,
-            timeout_s=_ADMIN_TIMEOUT_S,
+            timeout_s=ADMIN_TIMEOUT_S,
             flow_wrote=self._flow_wrote,
         )
         self._destinations.apply_flow(self._flow)
@@ -509,7 +440,7 @@ class Deduper:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._destinations.sync_all()
-                    self._watch_topics([self._names.staging_topic, self._names.state_topic, self._names.dedupers_topic])
+                    self._topics.watch_periodically()
                     next_sync = now + _SPEC_SYNC_INTERVAL_S
                 self._follow_topics()
             except FencedError:
@@ -593,11 +524,11 @@ class Deduper:
         """
         assert self._recovery is not None
         exc, what = self._recovery
-        if self._state_lost and self._txn.settled:
+        if self._topics.state_lost and self._txn.settled:
             return self._stalled()
         try:
             self._txn.recover(exc, what)
-            if self._state_lost:
+            if self._topics.state_lost:
                 return self._stalled()
             if self._txn.refused_record:
                 # The rewind writes the refused record again and fails again at once (at produce() when it
@@ -610,16 +541,14 @@ class Deduper:
                 # its partitions go with it, and the new consumer restores what it is assigned.
                 self._replace_failed_consumer()
             self._rewind()
-            # Topics deleted under the flow fail every transaction that writes them: which are gone?
-            self._watch_topics([*self._destinations.ready_names(), *self._remakeable_topics()])
+            self._topics.watch_after_failed_transaction(self._destinations.ready_names())
         except FencedError:
             raise
         except (KafkaException, FerrymanError) as again:
             if not is_transient(again):
                 raise
             self.health.down(f"{what}: recovery failed: {again}")
-            # A rewind that cannot read the state topic: is it gone? (answered on a later attempt)
-            self._watch_topics([self._names.state_topic])
+            self._topics.watch_state()
             try:
                 self._follow_topics()
             except FencedError:
@@ -647,102 +576,33 @@ class Deduper:
         self.health.tick()
         return False
 
-    def _watch_topics(self, names: Collection[str]) -> None:
-        assert self._watch is not None
-        self._watch.ask(names)
-
     def _follow_topics(self) -> None:
         """Act on what the topic watch found: the flow's topics deleted (or made again) under it."""
-        assert self._watch is not None
-        found = self._watch.answers()
-        if not found:
+        followed = self._topics.follow()
+        if followed is None:
             return
-        self._follow_state_topic(found)
-        if self._state_lost:
+        if self._topics.state_lost:
+            self._health_dirty = True
             if self._recovery is None:  # abort the open transaction; the recovery then stalls (`_stalled`)
                 self._fail(_generation_lost("the state topic is gone"), "state topic lost")
             return
-        self._follow_staging_topic(found)
-        gone = self._destinations.forget_vanished(found)
+        if followed.staging_remade:
+            self._read_new_staging()
+        gone = self._destinations.forget_vanished(followed.found)
         if gone:
             _log.warning(
                 "destination topics %s are gone or re-created; each is made again by its next record", ", ".join(gone)
             )
-        self._make_again_if_deleted(found)
+        self._topics.make_again_if_deleted(followed.found)
 
-    def _follow_state_topic(self, found: Found) -> None:
-        """Notice the state topic deleted (or made again) under the flow: stall, naming it, never restore from it.
-
-        An empty state is watermark -1 everywhere: restored from it, the deduper would write every record
-        still in the source again. The flow stalls with this reason (NOT_SERVING, status) until an operator
-        acts; a restart meets the start-up guard (destination topics holding records the state does not name).
-        """
-        state = self._names.state_topic
-        if self._state_lost or state not in found:
-            return
-        info = found[state]
-        if info is not None and info.topic_id == self._state_id:
-            return
-        self._state_lost = (
-            f"state topic {state} was {'deleted' if info is None else 'deleted and made again'} under the running "
-            "flow: nothing more is written (restored from an empty state, every record still in the source would be "
-            "written again). To go on: stop the flow's dedupers, delete its destination topics and its state topic, "
-            "and start them again: the source is copied again from its earliest records"
-        )
-        _log.error("%s", self._state_lost)
-        self._health_dirty = True
-
-    def _follow_staging_topic(self, found: Found) -> None:
-        """Notice a staging topic deleted and made again (by a wrapper) under the flow: read the new one.
-
-        A topic that is gone now is left to the wrappers, which make it again when their writes fail.
-        """
-        info = found.get(self._names.staging_topic)
-        if info is None or info.topic_id == self._staging_id:
-            return
-        _log.error(
-            "staging topic %s was deleted and made again under the running flow: reading the new one from its "
-            "start (envelopes lost with the old one are asked for again from the wrappers)",
-            info.name,
-        )
+    def _read_new_staging(self) -> None:
+        """The staging topic was made again under the flow: drop the open work, read the new one from its start."""
         if self._txn.open:
             self._txn.recover(_generation_lost("the staging topic was made again"), "staging topic made again")
             if self._data.traces is not None:
                 self._data.traces.aborted("the staging topic was made again")
         self._gaps.clear()
         self._parts.read_anew()
-        self._staging_id = info.topic_id
-
-    def _remakeable_topics(self) -> list[str]:
-        """The internal topics made again when deleted under the flow: offset map, dead letters, dedupers.
-
-        The offset map's and dead letters' writes are in the transaction, so their loss failed every
-        transaction; without the dedupers topic no advertisement is written and no new wrapper finds this
-        deduper. They hold an index, a quarantine and heartbeats, no watermarks: made again, they go on from
-        here. The state topic never is: restored from an empty topic, every watermark would be -1 and every
-        record still in the source would be written again (docs/notes.md).
-        """
-        return [t.name for t in self._internal_topics() if t.purpose in ("offset-map", "dead-letter", "dedupers")]
-
-    def _make_again_if_deleted(self, found: Found) -> None:
-        """Make the topics of `_remakeable_topics` again that the watch found deleted."""
-        assert self._admin is not None
-        deleted = {name for name in self._remakeable_topics() if name in found and found[name] is None}
-        if not deleted:
-            return
-        wanted = [t for t in self._internal_topics() if t.name in deleted]
-        try:
-            made = topics.ensure_internal_topics(
-                self._admin, wanted, _ADMIN_TIMEOUT_S, visible_budget_s=self._dc.startup_timeout_s
-            )
-        except (KafkaException, FerrymanError) as exc:  # asked again after the next failed transaction
-            _log.warning("internal topics %s are gone and could not be made again yet: %s", sorted(deleted), exc)
-            return
-        if made:
-            _log.error(
-                "internal topics %s were deleted under the running flow: making them again (what they held is gone)",
-                ", ".join(made),
-            )
 
     def _unstick(self, what: str) -> None:
         """A recovery failing for STUCK_RECOVERY_S while the destination answers: replace the staging consumer."""
@@ -868,7 +728,7 @@ class Deduper:
         tx = self._txn.stats
         control = self._control
         unavailable = (
-            self._state_lost
+            self._topics.state_lost
             or self._destination_trouble()
             or (f"recovering: {self._recovery[1]}" if self._recovery is not None else "")
         )
