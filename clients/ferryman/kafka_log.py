@@ -29,6 +29,9 @@ SESSION_TIMEOUT_FACILITY = "SESSTMOUT"
 #: What a CONFWARN line says of a property for clients of the other role ("... is a producer property and
 #: will be ignored by this consumer instance"): expected, since a cluster's client_config goes to every client.
 _OTHER_ROLES_PROPERTY = "property and will be ignored by this"
+#: A transactional producer's line naming the partition whose produce request failed the transaction, and why
+#: (the exception raised at the commit names neither the topic nor the partition).
+_PRODUCE_FAILED = re.compile(r"ProduceRequest for (\S+) \[(\d+)\] with \d+ message\(s\) failed: (.+?) \(broker ")
 #: Numbers in a line (ms, counts, ports) vary between repeats of the same event.
 _NUMBERS = re.compile(r"\d+")
 
@@ -65,13 +68,22 @@ class RepeatFilter:
 class LibrdkafkaLog:
     """The object given as a client's ``logger``: confluent-kafka calls ``log(level, fmt, *args)``.
 
-    ``on_session_timeout`` is called on each of a consumer's session-timeout lines, before any filtering
-    (``FenceWindow`` tells its own rejoin's fence by it).
+    Hooks, called before any filtering: ``on_session_timeout`` on each of a consumer's session-timeout lines
+    (``FenceWindow`` tells its own rejoin's fence by it); ``on_produce_failed(topic, partition, reason)`` on
+    each of a transactional producer's lines saying a produce request failed the transaction (the deduper
+    names the partition of a record the destination refuses by it; ``reason`` is the error's text).
     """
 
-    def __init__(self, cluster: str, on_session_timeout: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        on_session_timeout: Callable[[], None] | None = None,
+        *,
+        on_produce_failed: Callable[[str, int, str], None] | None = None,
+    ) -> None:
         self._cluster = cluster
         self._on_session_timeout = on_session_timeout
+        self._on_produce_failed = on_produce_failed
         self._repeats = RepeatFilter()
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
@@ -80,6 +92,10 @@ class LibrdkafkaLog:
         if facility == SESSION_TIMEOUT_FACILITY and self._on_session_timeout is not None:
             self._on_session_timeout()
         text = fmt % args if args else fmt
+        if facility == "TXNERR" and self._on_produce_failed is not None:
+            failed = _PRODUCE_FAILED.search(text)
+            if failed is not None:
+                self._on_produce_failed(failed[1], int(failed[2]), failed[3])
         if facility in _CONNECTION_FACILITIES or "Connect to" in text or "brokers are down" in text:
             level = logging.DEBUG
         elif facility == "CONFWARN" and _OTHER_ROLES_PROPERTY in text:

@@ -72,11 +72,18 @@ def _refused_and_waiting(
     Returns:
         The deduper's gRPC address.
     """
-    f.deduper.wait_for_log("the destination refuses a record (", 90)
+    f.deduper.wait_for_log("the destination refuses a record", 90)
     address = local(grpc_port(f.deduper))
-    reason = wait_until(lambda: deduper_status(address).unavailable_reason, 30, message="a status reason")
+    # Named by librdkafka's log line (or produce()), which may be served after the first failure's note.
+    named = f"the destination refuses a record for {copy} partition 0 ("
+
+    def named_reason() -> str:
+        said = deduper_status(address).unavailable_reason
+        return said if named in said else ""
+
+    reason = wait_until(named_reason, 30, message=named)
     assert all(word in reason for word in words), (words, reason)
-    f.wrapper.wait_for_log("pausing source reads: the destination refuses a record (", 30)
+    f.wrapper.wait_for_log("pausing source reads: the destination refuses a record", 30)
     # Each partition holds a prefix of its source, without the refused record.
     held = read_all(destination.bootstrap_servers, copy)
     for partition, records in held.items():

@@ -29,9 +29,19 @@ def _on_delivery(_err: KafkaError | None, _msg: Message) -> None:
     pass
 
 
+def _on_produce_failed(_topic: str, _partition: int, _reason: str) -> None:
+    pass
+
+
 def test_the_exactly_once_producer_is_transactional_idempotent_and_has_no_report_per_record() -> None:
     conf = producer_config(
-        _LOOSE, "p", _DC, transactional_id="ferryman-f-d1", error_cb=_error_cb, on_delivery=_on_delivery
+        _LOOSE,
+        "p",
+        _DC,
+        transactional_id="ferryman-f-d1",
+        error_cb=_error_cb,
+        on_delivery=_on_delivery,
+        on_produce_failed=_on_produce_failed,
     )
     assert conf["transactional.id"] == "ferryman-f-d1"
     assert conf["transaction.timeout.ms"] == 45_000
@@ -42,7 +52,15 @@ def test_the_exactly_once_producer_is_transactional_idempotent_and_has_no_report
 
 
 def test_the_at_least_once_producer_reports_every_record_and_has_no_transactions() -> None:
-    conf = producer_config(_LOOSE, "p", _DC, transactional_id=None, error_cb=_error_cb, on_delivery=_on_delivery)
+    conf = producer_config(
+        _LOOSE,
+        "p",
+        _DC,
+        transactional_id=None,
+        error_cb=_error_cb,
+        on_delivery=_on_delivery,
+        on_produce_failed=_on_produce_failed,
+    )
     assert conf["on_delivery"] is _on_delivery
     assert "transactional.id" not in conf
     assert "transaction.timeout.ms" not in conf

@@ -285,6 +285,25 @@ def test_the_librdkafka_log_reports_every_session_timeout_even_the_held_back_rep
     assert len(seen) == 3
 
 
+def test_the_librdkafka_log_names_the_partition_whose_produce_request_failed_the_transaction() -> None:
+    """The commit's exception names no partition; librdkafka's TXNERR line does (text as logged on real brokers)."""
+    from ferryman.kafka_log import LibrdkafkaLog  # noqa: PLC0415
+
+    seen: list[tuple[str, int, str]] = []
+    log = LibrdkafkaLog("kafka-b:9092", on_produce_failed=lambda *where: seen.append(where))
+    failed = (
+        "Current transaction failed in state InTransaction: ProduceRequest for src.orders-2 [11] with 201 "
+        "message(s) failed: Broker: Broker failed to validate record (broker 1 PID{Id:80,Epoch:2}, base seq 0): "
+        "current transaction must be aborted"
+    )
+    for _ in range(2):  # the second is held back from the log, not from the hook
+        log.log(logging.ERROR, "%s [%s] %s", "TXNERR", "ferryman-deduper-d1-producer#producer-6", failed)
+    timed_out = "Current transaction failed in state InTransaction: 2 message(s) timed out on src.x [1] (_TIMED_OUT)"
+    log.log(logging.ERROR, "%s [%s] %s", "TXNERR", "p", timed_out)
+    assert seen == [("src.orders-2", 11, "Broker: Broker failed to validate record")] * 2
+    assert KafkaError(KafkaError.INVALID_RECORD).str() == seen[0][2]  # what _note_refused matches it by
+
+
 # ---------------------------------------------------------------- authorization
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 from ferryman.client_config import data_producer_config, streaming_consumer_config
 from ferryman.config import ClusterConfig, DeduperConfig
+from ferryman.kafka_log import LibrdkafkaLog
 
 
 def producer_config(
@@ -18,11 +19,16 @@ def producer_config(
     transactional_id: str | None,
     error_cb: Callable[[KafkaError], None],
     on_delivery: Callable[[KafkaError | None, Message], None],
+    on_produce_failed: Callable[[str, int, str], None],
 ) -> dict[str, Any]:
-    """The destination producer: transactional with a transactional_id (exactly-once), else reporting each record."""
+    """The destination producer: transactional with a transactional_id (exactly-once), else reporting each record.
+
+    ``on_produce_failed(topic, partition, reason)``: its log named the partition that failed a transaction.
+    """
     conf = data_producer_config(target, client_id, max_message_bytes=dc.max_message_bytes)
     conf.update(
         {
+            "logger": LibrdkafkaLog(target.bootstrap_servers, on_produce_failed=on_produce_failed),
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": dc.linger_ms,

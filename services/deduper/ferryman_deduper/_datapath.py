@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from ferryman import envelope, rowproduce
 from ferryman.config import AcknowledgedLoss, FlowConfig
 from ferryman.errors import EnvelopeError
+from ferryman.kafka_errors import record_refused
 from ferryman.naming import FlowNames
 from ferryman.state import PartitionKey, offset_mapping
 from ferryman.v1 import envelope_pb2, state_pb2
@@ -264,24 +265,44 @@ class DataPath:
         columns: list[Sequence[Any]] = [run.values, run.keys, run.timestamps_ms]
         if headers is not None:
             columns.append(headers)
-        producer, direct = self._txn.producer, self._txn.direct
-        if not self._flow.emit_offset_mappings:
-            rowproduce.produce_run(producer, dest, partition, columns, start=start, n=count, direct=direct)
-        else:
-            # Only the first and last record of a run carry a delivery callback:
-            # the offset map needs just those two destination offsets.
-            slc = Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
-            self._txn.slices.append(slc)
-            first_cb = self._slice_callback(slc, first=True, last=count == 1)
-            rowproduce.produce_row(producer, dest, partition, tuple(c[start] for c in columns), first_cb)
-            if count > 1:
-                rowproduce.produce_run(producer, dest, partition, columns, start=start + 1, n=count - 2, direct=direct)
-                last_row = tuple(c[start + count - 1] for c in columns)
-                last_cb = self._slice_callback(slc, first=False, last=True)
-                rowproduce.produce_row(producer, dest, partition, last_row, last_cb)
+        try:
+            self._produce(key, src, run, start, dest=dest, columns=columns)
+        except KafkaException as exc:  # refused at produce() (over deduper.max_message_bytes): name where
+            err = record_refused(exc)
+            if err is not None:
+                self._txn.refused_at(dest, partition, err.str())
+            raise
         self._txn.timestamps.append((run.timestamps_ms, start))
         self._txn.records += count
         self.stats.records_written += count
+
+    def _produce(
+        self,
+        key: PartitionKey,
+        src: envelope_pb2.SourcePartition,
+        run: envelope.RecordRun,
+        start: int,
+        *,
+        dest: str,
+        columns: list[Sequence[Any]],
+    ) -> None:
+        """Hand run[start:] to the producer (with the offset map's two delivery callbacks when the flow has one)."""
+        producer, direct = self._txn.producer, self._txn.direct
+        partition, count = src.partition, len(run) - start
+        if not self._flow.emit_offset_mappings:
+            rowproduce.produce_run(producer, dest, partition, columns, start=start, n=count, direct=direct)
+            return
+        # Only the first and last record of a run carry a delivery callback:
+        # the offset map needs just those two destination offsets.
+        slc = Slice(key, src, dest, run.offsets[start:] if start else run.offsets)
+        self._txn.slices.append(slc)
+        first_cb = self._slice_callback(slc, first=True, last=count == 1)
+        rowproduce.produce_row(producer, dest, partition, tuple(c[start] for c in columns), first_cb)
+        if count > 1:
+            rowproduce.produce_run(producer, dest, partition, columns, start=start + 1, n=count - 2, direct=direct)
+            last_row = tuple(c[start + count - 1] for c in columns)
+            last_cb = self._slice_callback(slc, first=False, last=True)
+            rowproduce.produce_row(producer, dest, partition, last_row, last_cb)
 
     def _slice_callback(self, slc: Slice, *, first: bool, last: bool) -> Any:
         txn = self._txn
@@ -291,6 +312,7 @@ class DataPath:
                 # The cause, not the purge of the rest of the transaction it failed (a report that may come last).
                 if txn.delivery_error is None or txn.delivery_error.code() == KafkaError._PURGE_QUEUE:
                     txn.delivery_error = err
+                    txn.refused_at(str(msg.topic()), int(msg.partition() or 0), err.str())
                 return
             off = msg.offset()
             if off is None:

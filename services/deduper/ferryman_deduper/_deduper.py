@@ -184,6 +184,7 @@ class Deduper:
             transactional_id=self._txn.transactional_id if self._eos else None,
             error_cb=self._txn.on_producer_error,
             on_delivery=self._on_delivery,
+            on_produce_failed=self._txn.refused_at,
         )
         producer = connected_producer(conf, self._names.staging_topic)
         # The client.id a cluster's client_config may have set is the one librdkafka names the handle after.
@@ -191,10 +192,11 @@ class Deduper:
         self._destinations.producer = producer  # it waits for new destination partitions in this one's metadata
         return producer, direct
 
-    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         """At-least-once flows: keep the first failed delivery; the commit then fails and rewinds."""
         if err is not None and self._txn.delivery_error is None:
             self._txn.delivery_error = err
+            self._txn.refused_at(str(msg.topic()), int(msg.partition() or 0), err.str())
 
     def _produce_path(self) -> str:
         """The produce path of the current producer, for the start-up log."""

@@ -135,6 +135,9 @@ class Transaction:
         #: timestamp, no key for a compacted topic: every transaction holding it fails, so the flow waits for an
         #: operator), until a commit succeeds.
         self.refused_record = ""
+        #: Where the destination last refused a record: (topic, partition, the error's text), from the
+        #: producer's log or a produce() or delivery error (`refused_at`), until a commit succeeds.
+        self._refused_at: tuple[str, int, str] | None = None
         self._refusals = RepeatFilter()
         self.consecutive_failures = 0
         #: When the last of them failed (monotonic), for `commits_failing`.
@@ -382,6 +385,7 @@ class Transaction:
         if self.refused_record:
             _log.info("a commit succeeded: the destination takes the record it refused now")
             self.refused_record = ""
+        self._refused_at = None
         self.stats.committed += 1
         self.commit_times.add(time.monotonic() - started)
         self._health.up()
@@ -467,11 +471,21 @@ class Transaction:
         if cls is not ErrorClass.ABORTABLE or not self.exactly_once:
             self.rebuild(after_own_fence=own_fence)
 
+    def refused_at(self, topic: str, partition: int, reason: str) -> None:
+        """Where a record failed: the producer's log (any thread), produce() or a delivery report said so.
+
+        The exception the commit raises names no partition; `_note_refused` names this one when its text
+        is the refusal's.
+        """
+        self._refused_at = (topic, partition, reason)
+
     def _note_refused(self, exc: BaseException) -> None:
         """A record the destination refuses: name the cause and the remedy (ERROR, once per 30 s with a count)."""
         err = record_refused(exc)
         if err is None:
             return
+        where = self._refused_at
+        at = f" for {where[0]} partition {where[1]}" if where is not None and where[2] == err.str() else ""
         if err.code() == KafkaError.INVALID_TIMESTAMP:
             remedy = (
                 "its timestamp is outside what the destination topic takes: widen its message.timestamp.before.max.ms "
@@ -490,7 +504,7 @@ class Transaction:
                 "is larger)"
             )
         self.refused_record = (
-            f"the destination refuses a record ({err.name()}: {err.str()}): {remedy}; "
+            f"the destination refuses a record{at} ({err.name()}: {err.str()}): {remedy}; "
             "the flow waits for it, nothing is skipped"
         )
         repeats = self._refusals.admit(err.code())
