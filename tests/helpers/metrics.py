@@ -46,6 +46,7 @@ def deduper_status(**overrides: object) -> control_pb2.GetDeduperStatusResponse:
         "unavailable_reason": "",
         "producer_rebuilds": 1,
         "wedged_calls": 1,
+        "refused_record": control_pb2.RefusedRecord(topic="src.t", partition=0, error="INVALID_RECORD"),
         "audit_verdicts": [
             control_pb2.AuditVerdict(
                 topic="t", partition=0, verdict="VIOLATED", run_id="r1", finished_at_ms=1_700_000_000_000, missing=1

@@ -83,6 +83,10 @@ def _refused_and_waiting(
 
     reason = wait_until(named_reason, 30, message=named)
     assert all(word in reason for word in words), (words, reason)
+    refused = deduper_status(address).refused_record  # for the metric and its alert
+    assert (refused.topic, refused.partition) == (copy, 0) and f"({refused.error}: " in reason, (refused, reason)
+    shown = _cli_status(f.deduper)
+    assert f"{copy}-0 refuses a record ({refused.error})" in shown and named in " ".join(shown.split()), shown
     f.wrapper.wait_for_log("pausing source reads: the destination refuses a record", 30)
     # Each partition holds a prefix of its source, without the refused record.
     held = read_all(destination.bootstrap_servers, copy)
@@ -92,6 +96,17 @@ def _refused_and_waiting(
     errors = [line for line in f.deduper.output().splitlines() if "ERROR" in line and "refuses a record" in line]
     assert len(errors) <= 3, errors  # once per 30 s, not per try (every ~5 s)
     return address
+
+
+def _cli_status(proc: ServiceProcess) -> str:
+    """`ferryman status --server` of proc, as a user runs it (piped: nothing is cut)."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ferryman"), "status", "--server", local(grpc_port(proc))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 def _restart_with(
@@ -116,6 +131,7 @@ def _copied_once(f: RunningFlow, destination: KafkaCluster, copy: str, src: Sour
     dst = read_all(destination.bootstrap_servers, copy, expected=2 * (2 * AROUND + 1), timeout_s=90)
     assert_exact_copy(src, dst)
     wait_until(lambda: not deduper_status(address).unavailable_reason, 30, message="the status clear again")
+    assert not deduper_status(address).HasField("refused_record")
 
 
 #: (odd record's produce() arguments, destination topic config, the config that takes it, words of the reason).
@@ -218,13 +234,7 @@ def test_a_record_too_large_to_stage_holds_its_partition_only_named_until_a_rest
         assert (part.topic, part.partition, part.offset) == (topic, 0, AROUND) and part.envelope_bytes > 9 * MIB
         assert not status.unavailable_reason  # the wrapper serves: one partition waits, the rest go on
         assert f.wrapper.output().count("is held at offset") <= 2  # once per 30 s, not per try
-        shown = subprocess.run(
-            [str(Path(sys.executable).parent / "ferryman"), "status", "--server", local(grpc_port(f.wrapper))],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        shown = _cli_status(f.wrapper)
         assert f"{topic}-0 held at {AROUND} (" in shown and "raise wrapper.staging_max_message_bytes" in shown, shown
 
         # The deduper's start-up names the dead-letter topic too (it holds records near its limit, wrapped).

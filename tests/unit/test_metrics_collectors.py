@@ -71,6 +71,17 @@ def test_deduper_lag_seconds_grows_while_the_watermark_stands_still() -> None:
     assert _values(collector)[("ferryman_deduper_lag_seconds", (("partition", "0"), ("topic", "t")))] == 30.0
 
 
+def test_a_refused_record_is_one_series_naming_its_destination_partition_and_error() -> None:
+    refused = (("error", "INVALID_RECORD"), ("partition", "0"), ("topic", "src.t"))
+    assert _values(DeduperCollector(deduper_status))[("ferryman_deduper_refused_record", refused)] == 1
+    unnamed = control_pb2.RefusedRecord(topic="", partition=-1, error="MSG_SIZE_TOO_LARGE")
+    values = _values(DeduperCollector(lambda: deduper_status(refused_record=unnamed)))
+    refused = (("error", "MSG_SIZE_TOO_LARGE"), ("partition", "-1"), ("topic", ""))
+    assert values[("ferryman_deduper_refused_record", refused)] == 1
+    nothing = _values(DeduperCollector(lambda: deduper_status(refused_record=None)))
+    assert not [k for k in nothing if k[0] == "ferryman_deduper_refused_record"]
+
+
 def test_not_serving_is_zero_and_the_reason_is_no_label() -> None:
     collector = DeduperCollector(lambda: deduper_status(unavailable_reason="destination cluster unavailable"))
     families = {f.name: f for f in collector.collect()}

@@ -77,6 +77,9 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
                 "raise wrapper.staging_max_message_bytes)"
                 for h in value
             )
+        elif key == "refused_record":  # the destination partition the flow waits at; the remedy is the reason's
+            where = f"{value['topic']}-{value['partition']}" if value.get("topic") else "a destination partition"
+            shown = f"{where} refuses a record ({value['error']}): see unavailable_reason"
         elif isinstance(value, list):
             shown = ", ".join(str(v) for v in value) if value and not isinstance(value[0], dict) else len(value)
         if key == "audit_verdicts":  # the last audit of each owned partition: `ferryman audit show` has the rest

@@ -258,6 +258,16 @@ class DeduperCollector(Collector):
             lost.add_metric([flow, g.topic, str(g.partition)], max(0, g.lost_to - g.missing_from + 1))
         yield gaps
         yield lost
+        refused = GaugeMetricFamily(
+            "ferryman_deduper_refused_record",
+            "1 while the destination refuses a record (too large, its timestamp, no key for a compacted topic) and "
+            'the flow waits at it; labels: destination topic and partition ("" and -1 until named), Kafka error.',
+            labels=["flow", "topic", "partition", "error"],
+        )
+        if st.HasField("refused_record"):
+            r = st.refused_record
+            refused.add_metric([flow, r.topic, str(r.partition), r.error], 1)
+        yield refused
         yield _counter(
             "ferryman_deduper_staging_lost_records",
             "Staging records deleted (retention) before the deduper read them.",

@@ -729,6 +729,7 @@ class GetDeduperStatusResponse(_message.Message):
     ACKNOWLEDGED_LOST_RECORDS_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     ASSIGNED_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
+    REFUSED_RECORD_FIELD_NUMBER: _builtins.int
     AUDIT_VERDICTS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
@@ -815,6 +816,14 @@ class GetDeduperStatusResponse(_message.Message):
         """Staging partitions assigned to this deduper (its share of the flow)."""
 
     @_builtins.property
+    def refused_record(self) -> Global___RefusedRecord:
+        """A record the destination refuses (too large, its timestamp, no key for a
+        compacted topic): every transaction holding it fails, so the flow waits at
+        it (unavailable_reason says why and what to change) until the topic's
+        configuration, or deduper.max_message_bytes, takes it. Unset otherwise.
+        """
+
+    @_builtins.property
     def audit_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditVerdict]:
         """--- Audits (issue 27): numbered from 40 to keep clear of other additions. ---
 
@@ -850,15 +859,48 @@ class GetDeduperStatusResponse(_message.Message):
         acknowledged_lost_records: _builtins.int = ...,
         version: _builtins.str = ...,
         assigned_staging_partitions: _abc.Iterable[_builtins.int] | None = ...,
+        refused_record: Global___RefusedRecord | None = ...,
         audit_verdicts: _abc.Iterable[Global___AuditVerdict] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused_record", b"refused_record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "refused_record", b"refused_record", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDeduperStatusResponse: _TypeAlias = GetDeduperStatusResponse  # noqa: Y015
+
+@_typing.final
+class RefusedRecord(_message.Message):
+    """RefusedRecord is a record the destination refuses, and where it goes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Destination topic; "" until named (librdkafka's log line naming it may be
+    served after the first failure).
+    """
+    partition: _builtins.int
+    """Destination partition (the source record's partition); -1 until named."""
+    error: _builtins.str
+    """The Kafka error: MSG_SIZE_TOO_LARGE, INVALID_TIMESTAMP, INVALID_RECORD..."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefusedRecord: _TypeAlias = RefusedRecord  # noqa: Y015
 
 @_typing.final
 class AuditVerdict(_message.Message):

@@ -48,7 +48,7 @@ from ferryman.kafka_errors import (
 from ferryman.kafka_log import RepeatFilter
 from ferryman.metrics import LatencyHistogram
 from ferryman.state import PartitionKey
-from ferryman.v1 import envelope_pb2
+from ferryman.v1 import control_pb2, envelope_pb2
 from ferryman.watchdog import GRACE_S, Watchdog
 
 from ferryman_deduper._decide import PartitionState
@@ -138,6 +138,8 @@ class Transaction:
         #: Where the destination last refused a record: (topic, partition, the error's text), from the
         #: producer's log or a produce() or delivery error (`refused_at`), until a commit succeeds.
         self._refused_at: tuple[str, int, str] | None = None
+        #: The status's `RefusedRecord` of refused_record (None with it "").
+        self._refused_status: control_pb2.RefusedRecord | None = None
         self._refusals = RepeatFilter()
         self.consecutive_failures = 0
         #: When the last of them failed (monotonic), for `commits_failing`.
@@ -385,7 +387,7 @@ class Transaction:
         if self.refused_record:
             _log.info("a commit succeeded: the destination takes the record it refused now")
             self.refused_record = ""
-        self._refused_at = None
+        self._refused_at = self._refused_status = None
         self.stats.committed += 1
         self.commit_times.add(time.monotonic() - started)
         self._health.up()
@@ -485,7 +487,10 @@ class Transaction:
         if err is None:
             return
         where = self._refused_at
-        at = f" for {where[0]} partition {where[1]}" if where is not None and where[2] == err.str() else ""
+        if where is None or where[2] != err.str():
+            where = ("", -1, err.str())
+        at = f" for {where[0]} partition {where[1]}" if where[0] else ""
+        self._refused_status = control_pb2.RefusedRecord(topic=where[0], partition=where[1], error=err.name())
         if err.code() == KafkaError.INVALID_TIMESTAMP:
             remedy = (
                 "its timestamp is outside what the destination topic takes: widen its message.timestamp.before.max.ms "
@@ -575,11 +580,12 @@ class Transaction:
         self._watchdog.shutdown()
 
     def status_fields(self) -> dict[str, Any]:
-        """Commit timings for the status RPC."""
+        """Commit timings and a refused record, for the status RPC."""
         return {
             "commit_p50_ms": self.commit_times.median_ms(),
             "commit_max_ms": self.commit_times.max_ms(),
             "commit_flush_p50_ms": self.flush_times.median_ms(),
             "commit_seconds_total": self.commit_times.total_s(),
             "commit_flush_seconds_total": self.flush_times.total_s(),
+            "refused_record": self._refused_status,
         }
