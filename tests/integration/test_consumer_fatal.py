@@ -54,6 +54,7 @@ def test_a_fence_comes_as_a_batch_event_only_and_note_errors_takes_it(
         staging_partitions=2,
         instance_id="d1",
         restore_config=lambda: {"bootstrap.servers": bootstrap},
+        check_state=lambda: None,
         commit_for_revoke=lambda _lost: None,
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
     )

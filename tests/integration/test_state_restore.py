@@ -18,16 +18,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from ferryman import envelope
-from ferryman.config import ClusterConfig
+from ferryman.config import ClusterConfig, FlowConfig
 from ferryman.errors import KafkaOperationError
 from ferryman.health import ClusterHealth
+from ferryman.naming import FlowNames
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
+from ferryman_deduper._flow_topics import FlowTopics
 from ferryman_deduper._partitions import StagingPartitions
 
-from tests.helpers.kafka import KafkaCluster, create_topic
+from tests.helpers.kafka import KafkaCluster, create_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -138,6 +141,7 @@ def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
         staging_partitions=_PARTITIONS,
         instance_id="d1",
         restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        check_state=lambda: None,
         commit_for_revoke=lambda _lost: None,
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
     )
@@ -158,5 +162,85 @@ def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
         state = parts.state_of(_KEY)
         assert state is not None and state.watermark == 57
         assert parts.dest_topics[_KEY] == "src.orders"
+    finally:
+        consumer.close()
+
+
+def _make_again(bootstrap: str, topic: str) -> None:
+    """Delete topic and make it again, empty, with the same shape (as a tool that keeps topics as declared would)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+
+    def made() -> bool:
+        try:
+            create_topic(bootstrap, topic, _PARTITIONS, COMPACTED_TOPIC_CONFIGS)
+        except KafkaException as exc:  # the deletion is still under way
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+            return False
+        return True
+
+    wait_until(made, 30, message=f"topic {topic} made again")
+
+
+def test_a_restore_from_a_state_topic_made_again_under_the_deduper_is_refused_and_named(
+    destination_cluster: KafkaCluster, unique_name: Callable[[str], str]
+) -> None:
+    """Every restore asks, after reading the state, whether the topic read is the one the deduper started on.
+
+    A state topic deleted and made again between two looks of the topic watch (10 s apart) reads as empty:
+    restored from, every watermark would be -1 and every record still in the source written again. The same
+    id restores; a new one raises before anything read is taken, and the reason the flow stalls names it.
+    """
+    bootstrap = destination_cluster.bootstrap_servers
+    flow = FlowConfig(
+        name=unique_name("flow"), source="src", target="dst", staging_partitions=_PARTITIONS, emit_offset_mappings=False
+    )
+    names = FlowNames.of(flow)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    flow_topics = FlowTopics(names, flow, staging_max_message_bytes=1 << 20, startup_timeout_s=30)
+    flow_topics.ensure(admin)
+    flow_topics.read_ids(admin)
+
+    def check_state() -> None:  # as the deduper's `_check_state_topic`
+        if not flow_topics.state_is_original():
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "the state topic is gone"))
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": names.deduper_group, "isolation.level": "read_committed"}
+    consumer = Consumer(conf)
+    parts = StagingPartitions(
+        make_consumer=lambda: Consumer(conf),
+        staging_topic=names.staging_topic,
+        state_topic=names.state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{names.deduper_group}-restore"},
+        check_state=check_state,
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+    )
+    parts.consumer = consumer
+    sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
+    try:
+        p = _producer(bootstrap, unique_name("txn"))
+        p.begin_transaction()
+        _write(p, names.state_topic, sp, 41)
+        p.send_offsets_to_transaction(
+            [TopicPartition(names.staging_topic, sp, 12)], consumer.consumer_group_metadata(), 30
+        )
+        p.commit_transaction(30)
+        assert parts.restore([sp]) == {sp: 12}
+        restored = parts.state_of(_KEY)
+        assert restored is not None and restored.watermark == 41 and not flow_topics.state_lost
+
+        _make_again(bootstrap, names.state_topic)
+        assert not read_compacted({"bootstrap.servers": bootstrap}, names.state_topic, [sp], 30)[sp]  # empty
+        with pytest.raises(KafkaException, match="the state topic is gone"):
+            parts.restore([sp])
+        kept = parts.state_of(_KEY)
+        assert kept is not None and kept.watermark == 41  # nothing of the empty topic was taken
+        assert f"state topic {names.state_topic} was deleted and made again under the running flow" in (
+            flow_topics.state_lost
+        )
     finally:
         consumer.close()

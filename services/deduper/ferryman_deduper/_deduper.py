@@ -132,6 +132,7 @@ class Deduper:
             staging_partitions=flow.staging_partitions,
             instance_id=self.instance_id,
             restore_config=lambda: self._client_conf("restore"),
+            check_state=self._check_state_topic,
             commit_for_revoke=self._commit_for_revoke,
             health=self.health,
         )
@@ -596,6 +597,12 @@ class Deduper:
                 "destination topics %s are gone or re-created; each is made again by its next record", ", ".join(gone)
             )
         self._topics.make_again_if_deleted(followed.found)
+
+    def _check_state_topic(self) -> None:
+        """After each restore's read: from the state topic this deduper started on, not one made again since."""
+        if not self._topics.state_is_original():
+            self._health_dirty = True
+            raise _generation_lost("the state topic is gone")  # the recovery then stalls (`_stalled`)
 
     def _read_new_staging(self) -> None:
         """The staging topic was made again under the flow: drop the open work, read the new one from its start."""

@@ -127,6 +127,24 @@ class FlowTopics:
         self._follow_state(found)
         return Followed(found, staging_remade=not self.state_lost and self._follow_staging(found))
 
+    def state_is_original(self) -> bool:
+        """Whether the state topic a restore just read is the one this deduper started on (blocking: restores only).
+
+        A state topic deleted and made again (by hand, or by a tool that keeps topics as declared) reads as
+        empty: restored from, every watermark would be -1 and every record still in the source written
+        again. The watch notices it within a sync; a restore in between would not. Described after the read:
+        the same id then proves the read came from the original topic (a topic made again has a new one).
+
+        Raises:
+            KafkaException: the describe failed (the restore is tried again).
+        """
+        if self._admin is None:  # start-up: the ids are read after the topics are made
+            return True
+        state = self._names.state_topic
+        found = topics.describe_topics(self._admin, [state], ADMIN_TIMEOUT_S)
+        self._follow_state({state: found.get(state)})
+        return not self.state_lost
+
     def _follow_state(self, found: Found) -> None:
         """Notice the state topic deleted (or made again) under the flow: stall, naming it, never restore from it.
 

@@ -61,15 +61,18 @@ class StagingPartitions:
         staging_partitions: int,
         instance_id: str,
         restore_config: Callable[[], dict[str, Any]],
+        check_state: Callable[[], None],
         commit_for_revoke: Callable[[bool], None],
         health: ClusterHealth,
     ) -> None:
+        """check_state: called after each restore's read of the state topic; raises if it was not the original."""
         self._make_consumer = make_consumer
         self._staging_topic = staging_topic
         self._state_topic = state_topic
         self._n = staging_partitions
         self._instance_id = instance_id
         self._restore_config = restore_config
+        self._check_state = check_state
         self._commit_for_revoke = commit_for_revoke
         self._health = health
         self.consumer: Consumer
@@ -232,6 +235,7 @@ class StagingPartitions:
             budget_s=RESTORE_BUDGET_S,
         )
         records = read_compacted(self._restore_config(), self._state_topic, partitions, RESTORE_BUDGET_S, settle=True)
+        self._check_state()  # the topic read is the one the deduper started on, not one made again (empty)
         self._forget(partitions)
         restored = 0
         for recs in records.values():
