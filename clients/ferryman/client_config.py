@@ -21,17 +21,22 @@ PRODUCER_CONNECT_BUDGET_S = 5.0
 
 
 def base_config(
-    cluster: ClusterConfig, client_id: str, *, on_session_timeout: Callable[[], None] | None = None
+    cluster: ClusterConfig,
+    client_id: str,
+    *,
+    on_session_timeout: Callable[[], None] | None = None,
+    on_produce_failed: Callable[[str, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Common properties for any client on cluster (security etc. from client_config).
 
     librdkafka's log goes through Python logging (``ferryman.kafka_log``), not stderr;
-    ``on_session_timeout`` is called when a consumer's log says its group session timed out.
+    ``on_session_timeout`` is called when a consumer's log says its group session timed out,
+    ``on_produce_failed`` when a transactional producer's log names the partition that failed a transaction.
     """
     conf: dict[str, Any] = {
         "bootstrap.servers": cluster.bootstrap_servers,
         "client.id": client_id,
-        "logger": LibrdkafkaLog(cluster.bootstrap_servers, on_session_timeout),
+        "logger": LibrdkafkaLog(cluster.bootstrap_servers, on_session_timeout, on_produce_failed=on_produce_failed),
         # Ferryman makes every topic it writes itself, with the shape the flow needs. librdkafka's producers
         # (and the Python AdminClient, a producer inside) ask metadata with auto-creation allowed by default,
         # so on a broker with auto.create.topics.enable (Kafka's default) a deleted state, staging or
@@ -88,7 +93,13 @@ STREAMING_CONSUMER_DEFAULTS: dict[str, Any] = {
 PRODUCER_QUEUE_MAX_KBYTES = 16 * 1024
 
 
-def data_producer_config(cluster: ClusterConfig, client_id: str, *, max_message_bytes: int) -> dict[str, Any]:
+def data_producer_config(
+    cluster: ClusterConfig,
+    client_id: str,
+    *,
+    max_message_bytes: int,
+    on_produce_failed: Callable[[str, int, str], None] | None = None,
+) -> dict[str, Any]:
     """Properties of a service's data producer: the memory bound, then the cluster's (which may change it).
 
     Raises:
@@ -97,7 +108,7 @@ def data_producer_config(cluster: ClusterConfig, client_id: str, *, max_message_
     """
     message_kbytes = -(-max_message_bytes // 1024)  # rounded up
     conf = {"queue.buffering.max.kbytes": max(PRODUCER_QUEUE_MAX_KBYTES, 2 * message_kbytes)}
-    conf.update(base_config(cluster, client_id))
+    conf.update(base_config(cluster, client_id, on_produce_failed=on_produce_failed))
     if int(conf["queue.buffering.max.kbytes"]) < message_kbytes:
         raise ConfigError(
             f"client_config of {cluster.bootstrap_servers}: queue.buffering.max.kbytes "

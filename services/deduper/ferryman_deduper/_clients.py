@@ -8,7 +8,6 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 from ferryman.client_config import data_producer_config, streaming_consumer_config
 from ferryman.config import ClusterConfig, DeduperConfig
-from ferryman.kafka_log import LibrdkafkaLog
 
 
 def producer_config(
@@ -25,10 +24,11 @@ def producer_config(
 
     ``on_produce_failed(topic, partition, reason)``: its log named the partition that failed a transaction.
     """
-    conf = data_producer_config(target, client_id, max_message_bytes=dc.max_message_bytes)
+    conf = data_producer_config(
+        target, client_id, max_message_bytes=dc.max_message_bytes, on_produce_failed=on_produce_failed
+    )
     conf.update(
         {
-            "logger": LibrdkafkaLog(target.bootstrap_servers, on_produce_failed=on_produce_failed),
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": dc.linger_ms,
