@@ -345,3 +345,21 @@ def test_a_failure_of_the_group_generation_does_not_pause_the_wrappers(code: int
     t.recover(abortable(code), "commit")
     assert t.commits_failing() == 1  # the one destination failure; the generation's are not counted
     assert t.stats.aborted == 3
+
+
+def test_a_refused_record_keeps_its_partition_when_a_purge_reports_other_failures_after_it() -> None:
+    """produce() names the refusal; the rebuild's purge then reports the rest of the transaction (other texts,
+    other partitions) before the recovery names it: the refusal's partition is the one named (a CI run)."""
+    producers = Producers()
+    t = txn(producers)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Unable to produce message: Broker: Message size too large")
+    t.refused_at("src.t", 0, refused.str())
+    t.refused_at("src.t", 0, "Local: Purged in queue")
+    t.refused_at("src.t", 1, "Local: Purged in queue")
+    t.recover(KafkaException(refused), "write")
+    assert t.refused_record.startswith("the destination refuses a record for src.t partition 0 (MSG_SIZE_TOO_LARGE: ")
+    assert t.status_fields()["refused_record"].partition == 0
+    # A failure no report named is told without a partition, never with another cause's.
+    t.begin()
+    t.recover(KafkaException(KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")), "commit")
+    assert t.refused_record.startswith("the destination refuses a record (INVALID_TIMESTAMP: ")

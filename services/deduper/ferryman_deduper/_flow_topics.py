@@ -132,8 +132,9 @@ class FlowTopics:
 
         A state topic deleted and made again (by hand, or by a tool that keeps topics as declared) reads as
         empty: restored from, every watermark would be -1 and every record still in the source written
-        again. The watch notices it within a sync; a restore in between would not. Described after the read:
-        the same id then proves the read came from the original topic (a topic made again has a new one).
+        again. The watch notices it within a sync; a restore in between would not. Described before the read
+        (a deleted topic is named at once) and after it: the same id then proves the read came from the
+        original topic (a topic made again has a new one).
 
         Raises:
             KafkaException: the describe failed (the restore is tried again).

@@ -65,7 +65,7 @@ class StagingPartitions:
         commit_for_revoke: Callable[[bool], None],
         health: ClusterHealth,
     ) -> None:
-        """check_state: called after each restore's read of the state topic; raises if it was not the original."""
+        """check_state: called before and after each restore's read of the state topic; raises unless the original."""
         self._make_consumer = make_consumer
         self._staging_topic = staging_topic
         self._state_topic = state_topic
@@ -228,6 +228,9 @@ class StagingPartitions:
         an empty state in a CI chaos run, and the records after it were written
         a second time.
         """
+        # Before: a state topic already deleted is named at once, not after the read waits out its budget
+        # (an unknown partition is retried for RESTORE_BUDGET_S; twice that stalled a flow too late in a CI run).
+        self._check_state()
         tps = [TopicPartition(self._staging_topic, sp) for sp in partitions]
         committed = retry_retriable(
             lambda: self.consumer.committed(tps, timeout=RESTORE_BUDGET_S),

@@ -55,6 +55,8 @@ from ferryman_deduper._decide import PartitionState
 from ferryman_deduper._timings import RecentDurations
 
 _log = logging.getLogger(__name__)
+#: How many error texts `Transaction.refused_at` keeps between commits (the refusal's, the purges').
+_REFUSALS_KEPT = 64
 
 T = TypeVar("T")
 
@@ -135,9 +137,11 @@ class Transaction:
         #: timestamp, no key for a compacted topic: every transaction holding it fails, so the flow waits for an
         #: operator), until a commit succeeds.
         self.refused_record = ""
-        #: Where the destination last refused a record: (topic, partition, the error's text), from the
-        #: producer's log or a produce() or delivery error (`refused_at`), until a commit succeeds.
-        self._refused_at: tuple[str, int, str] | None = None
+        #: Where records failed, by the error's text: the first (topic, partition) each text was told for, by
+        #: the producer's log or a produce() or delivery error (`refused_at`), until a commit succeeds. By text,
+        #: not the last told: a rebuild purges the rest of the transaction, and those reports ("Local: Purged
+        #: in queue", other partitions) came after the refusal's and hid its partition (under load, in CI).
+        self._refused_at: dict[str, tuple[str, int]] = {}
         #: The status's `RefusedRecord` of refused_record (None with it "").
         self._refused_status: control_pb2.RefusedRecord | None = None
         self._refusals = RepeatFilter()
@@ -387,7 +391,8 @@ class Transaction:
         if self.refused_record:
             _log.info("a commit succeeded: the destination takes the record it refused now")
             self.refused_record = ""
-        self._refused_at = self._refused_status = None
+        self._refused_at = {}
+        self._refused_status = None
         self.stats.committed += 1
         self.commit_times.add(time.monotonic() - started)
         self._health.up()
@@ -479,16 +484,15 @@ class Transaction:
         The exception the commit raises names no partition; `_note_refused` names this one when its text
         is the refusal's.
         """
-        self._refused_at = (topic, partition, reason)
+        if len(self._refused_at) < _REFUSALS_KEPT:  # bounded: one text per cause, a purge adds one more
+            self._refused_at.setdefault(reason, (topic, partition))  # atomic under the GIL (any thread)
 
     def _note_refused(self, exc: BaseException) -> None:
         """A record the destination refuses: name the cause and the remedy (ERROR, once per 30 s with a count)."""
         err = record_refused(exc)
         if err is None:
             return
-        where = self._refused_at
-        if where is None or where[2] != err.str():
-            where = ("", -1, err.str())
+        where = self._refused_at.get(err.str(), ("", -1))
         at = f" for {where[0]} partition {where[1]}" if where[0] else ""
         self._refused_status = control_pb2.RefusedRecord(topic=where[0], partition=where[1], error=err.name())
         if err.code() == KafkaError.INVALID_TIMESTAMP:
