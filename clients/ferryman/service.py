@@ -26,7 +26,6 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Protocol
 
 from confluent_kafka import KafkaException
@@ -34,6 +33,7 @@ from confluent_kafka import KafkaException
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
 from ferryman.errors import ClusterUnreachableError, ConfigError, FencedError, FerrymanError, SourceDataLostError
 from ferryman.kafka_errors import ErrorClass, authorization_error, classify
+from ferryman.signals import on_signals
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -153,7 +153,7 @@ def run_service(
 
     draining = False
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:  # on the relay's thread (`ferryman.signals`), never in a handler
         nonlocal draining
         _log.info("received %s: draining", signal.Signals(signum).name)
         if not draining:  # a second signal does not push the deadlines back
@@ -161,8 +161,8 @@ def run_service(
             arm_drain_deadlines()
         service.shutdown()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the drain's last deadline (`arm_drain_deadlines`)
+    on_signals(on_signal)
     tune_gc()
     try:
         service.run()
@@ -213,11 +213,10 @@ def main_for(
 def arm_drain_deadlines(report_s: float = DRAIN_REPORT_S, kill_s: float = DRAIN_KILL_S) -> None:
     """At report_s every thread's stack goes to stderr, at kill_s the process ends by SIGALRM.
 
-    Both fire without the GIL: faulthandler's timer is a C thread, and SIGALRM's default action is the
-    kernel's. Only for a process's main, as ``exit_within``.
+    Both fire without the GIL: faulthandler's timer is a C thread, and SIGALRM's default action (which
+    ``run_service`` makes sure of) is the kernel's. Only for a process's main, as ``exit_within``; any thread.
     """
     faulthandler.dump_traceback_later(report_s)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, kill_s)
 
 

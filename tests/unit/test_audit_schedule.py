@@ -244,10 +244,10 @@ def test_stop_signals_reach_the_target_exactly_once_each(signals: int) -> None:
     got: list[int] = []
     stop = StopSignals()
     for _ in range(signals):  # before the target exists (Spark still starting)
-        stop._on_signal(15, None)
+        stop._on_signal(15)
     stop.forward_to(lambda: got.append(1))
     assert len(got) == signals
-    stop._on_signal(15, None)
+    stop._on_signal(15)
     assert len(got) == signals + 1
 
 

@@ -6,15 +6,16 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 
 from ferryman.config import FerrymanConfig, FlowConfig, load_config
 from ferryman.errors import ConfigError
+from ferryman.signals import on_signals
 
 _log = logging.getLogger(__name__)
 
@@ -92,29 +93,36 @@ def check_output(output: str) -> None:
 
 
 class StopSignals:
-    """SIGTERM and SIGINT as stop requests: counted until a target is attached, then forwarded to it."""
+    """SIGTERM and SIGINT as stop requests: counted until a target is attached, then forwarded to it.
+
+    Handled on the relay's thread (`ferryman.signals`), never in a signal handler: a target may take locks
+    (the scheduler's queue).
+    """
 
     def __init__(self) -> None:
         self._requests = 0
         self._forwarded = 0
         self._target: Callable[[], None] | None = None
+        self._lock = threading.Lock()
 
     def install(self) -> None:
-        """Handle SIGTERM and SIGINT (from the main thread)."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        """Handle SIGTERM and SIGINT (from the main thread; again after a library installed its own)."""
+        on_signals(self._on_signal)
 
     def forward_to(self, target: Callable[[], None]) -> None:
-        """Send every request, past and future, to target (which must be signal-safe), each exactly once."""
-        self._target = target
-        # A signal from here on is forwarded by the handler, which counts it on both sides.
-        for _ in range(self._requests - self._forwarded):
-            self._forwarded += 1
+        """Send every request, past and future, to target, each exactly once."""
+        with self._lock:
+            self._target = target
+            due, self._forwarded = self._requests - self._forwarded, self._requests
+        for _ in range(due):
             target()
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         _log.info("received %s: stopping", signal.Signals(signum).name)
-        self._requests += 1
-        if self._target is not None:
-            self._forwarded += 1
-            self._target()
+        with self._lock:
+            self._requests += 1
+            target = self._target
+            if target is not None:
+                self._forwarded += 1
+        if target is not None:
+            target()

@@ -243,7 +243,10 @@ class Deduper:
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
-        """Ask run() to drain and return. Safe from signal handlers and threads."""
+        """Ask run() to drain and return.
+
+        Any thread, never a signal handler (an Event's lock): SIGTERM comes through `ferryman.signals`.
+        """
         self._stop.set()
 
     def run(self) -> None:

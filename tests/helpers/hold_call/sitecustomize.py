@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,16 +40,19 @@ _CALL = os.environ["FERRYMAN_TEST_HOLD_CALL"]
 _MARKER = Path(os.environ["FERRYMAN_TEST_HOLD_MARKER"])
 _AFTER = int(os.environ.get("FERRYMAN_TEST_HOLD_AFTER", "10"))
 _HOLD_LIMIT_S = 300.0  # never hang a forgotten process for ever
-_release = threading.Event()
+#: Set by the SIGUSR1 handler: a plain store. A handler runs on the main thread wherever it is, and an
+#: Event.set() there met the lock the main thread's own Event.wait() held: a CI run's wrapper never let go.
+_released: list[bool] = []
 _calls = itertools.count(1)
 
 
 def _hold() -> None:
     _MARKER.touch()
-    # Short waits: the SIGUSR1 handler runs on the main thread between them, whichever thread waits.
+    # Short sleeps: the SIGUSR1 handler runs on the main thread between them, whichever thread waits.
     for _ in range(int(_HOLD_LIMIT_S / 0.05)):
-        if _release.wait(0.05):
+        if _released:
             break
+        time.sleep(0.05)
     _MARKER.with_suffix(".released").touch()
 
 
@@ -126,4 +129,4 @@ else:
 
     _transaction.Transaction.call = _held_call  # type: ignore[method-assign]
 
-signal.signal(signal.SIGUSR1, lambda _signum, _frame: _release.set())
+signal.signal(signal.SIGUSR1, lambda _signum, _frame: _released.append(True))
