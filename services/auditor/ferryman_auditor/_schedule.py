@@ -141,10 +141,7 @@ class AuditScheduler:
         self._tally = _Tally()
 
     def shutdown(self) -> None:
-        """Ask run() to stop (a second call abandons a run in progress at once).
-
-        Any thread, never a signal handler (a queue's lock): SIGTERM comes through `ferryman.signals`.
-        """
+        """Ask run() to stop (a second call abandons a run in progress at once). Safe from signal handlers."""
         self._events.put(_Event.STOP)
 
     def run_failed_elsewhere(self) -> None:
