@@ -46,7 +46,7 @@ class _Relay:
             for signum in os.read(self._read_fd, 64):
                 handler = self.handlers.get(signum)
                 if handler is None:
-                    continue  # another signal with a Python handler (a test hook's SIGUSR1)
+                    continue  # another signal with a Python handler of its own
                 try:
                     handler(signum)
                 except Exception:  # the relay must outlive a failing handler: the next signal still counts

@@ -95,8 +95,8 @@ def check_output(output: str) -> None:
 class StopSignals:
     """SIGTERM and SIGINT as stop requests: counted until a target is attached, then forwarded to it.
 
-    Handled on the relay's thread (`ferryman.signals`), never in a signal handler: a target may take locks
-    (the scheduler's queue).
+    Handled on the relay's thread (`ferryman.signals`), never in a signal handler: a target need not be
+    signal-safe.
     """
 
     def __init__(self) -> None:

@@ -31,28 +31,26 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ferryman.signals import on_signals
 
 _CALL = os.environ["FERRYMAN_TEST_HOLD_CALL"]
 _MARKER = Path(os.environ["FERRYMAN_TEST_HOLD_MARKER"])
 _AFTER = int(os.environ.get("FERRYMAN_TEST_HOLD_AFTER", "10"))
 _HOLD_LIMIT_S = 300.0  # never hang a forgotten process for ever
-#: Set by the SIGUSR1 handler: a plain store. A handler runs on the main thread wherever it is, and an
-#: Event.set() there met the lock the main thread's own Event.wait() held: a CI run's wrapper never let go.
-_released: list[bool] = []
+#: Set on SIGUSR1 by `ferryman.signals`' relay thread, never in a signal handler: there an Event.set() met
+#: the lock the main thread's own Event.wait() held, and a CI run's wrapper never let go.
+_release = threading.Event()
 _calls = itertools.count(1)
 
 
 def _hold() -> None:
     _MARKER.touch()
-    # Short sleeps: the SIGUSR1 handler runs on the main thread between them, whichever thread waits.
-    for _ in range(int(_HOLD_LIMIT_S / 0.05)):
-        if _released:
-            break
-        time.sleep(0.05)
+    _release.wait(_HOLD_LIMIT_S)  # whichever thread holds: the relay sets it
     _MARKER.with_suffix(".released").touch()
 
 
@@ -129,4 +127,4 @@ else:
 
     _transaction.Transaction.call = _held_call  # type: ignore[method-assign]
 
-signal.signal(signal.SIGUSR1, lambda _signum, _frame: _released.append(True))
+on_signals(lambda _signum: _release.set(), [signal.SIGUSR1])  # at start-up, on the main thread
