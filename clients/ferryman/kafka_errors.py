@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
@@ -171,6 +171,25 @@ def record_refused(exc: BaseException) -> KafkaError | None:
     """The error of exc when a topic's configuration refused a record: too large, its timestamp, no key."""
     err = _carried(exc)
     return err if err is not None and err.code() in _REFUSED_CODES else None
+
+
+#: librdkafka's text of each refusal's error (``KafkaError(code).str()``: "Broker: Message size too large"), as a
+#: transactional producer's TXNERR line tells what failed its transaction.
+_REFUSED_BY_TEXT = {KafkaError(code).str(): code for code in sorted(_REFUSED_CODES)}
+
+
+def refusal_told(texts: Iterable[str]) -> KafkaError | None:
+    """The refusal among error texts a transactional producer's log told, as the abortable error it is; else None.
+
+    A record the destination refuses fails the transaction when its produce request is answered; the
+    next produce() into that transaction raises only ``_STATE`` ("Erroneous state"), and the refusal is
+    told in the producer's log alone (``LibrdkafkaLog``'s ``on_produce_failed``).
+    """
+    for text in texts:
+        code = _REFUSED_BY_TEXT.get(text)
+        if code is not None:
+            return KafkaError(code, text, txn_requires_abort=True)
+    return None
 
 
 def classify(error: KafkaError | BaseException) -> ErrorClass:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from ferryman.metrics.collectors import DeduperCollector, WrapperCollector
 from ferryman.v1 import control_pb2
@@ -80,6 +82,21 @@ def test_a_refused_record_is_one_series_naming_its_destination_partition_and_err
     assert values[("ferryman_deduper_refused_record", refused)] == 1
     nothing = _values(DeduperCollector(lambda: deduper_status(refused_record=None)))
     assert not [k for k in nothing if k[0] == "ferryman_deduper_refused_record"]
+
+
+def test_every_held_staging_partitions_refusal_is_a_series_of_its_own() -> None:
+    def held(topic: str, partition: int) -> control_pb2.HeldStagingPartition:
+        refused = control_pb2.RefusedRecord(topic=topic, partition=partition, error="MSG_SIZE_TOO_LARGE")
+        return control_pb2.HeldStagingPartition(staging_partition=partition, refused_record=refused)
+
+    holds = [held("src.a", 0), held("src.b", 3)]
+    # refused_record names the first hold too: one series for it, not two.
+    status = partial(deduper_status, refused_record=holds[0].refused_record, held_staging_partitions=holds)
+    series = {k[1] for k in _values(DeduperCollector(status)) if k[0] == "ferryman_deduper_refused_record"}
+    assert series == {
+        (("error", "MSG_SIZE_TOO_LARGE"), ("partition", "0"), ("topic", "src.a")),
+        (("error", "MSG_SIZE_TOO_LARGE"), ("partition", "3"), ("topic", "src.b")),
+    }
 
 
 def test_not_serving_is_zero_and_the_reason_is_no_label() -> None:

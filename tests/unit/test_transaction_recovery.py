@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ class FakeProducer:
     broken: dict[str, BaseException] = field(default_factory=dict)
     hang: set[str] = field(default_factory=set)
     gate: threading.Event = field(default_factory=threading.Event)
+    on_poll: list[Callable[[], None]] = field(default_factory=list)
+    """Served (once each) by the next poll(): confluent-kafka hands the client's log lines over there."""
 
     def _do(self, what: str) -> None:
         self.calls.append(what)
@@ -63,6 +66,8 @@ class FakeProducer:
 
     def poll(self, _timeout: float) -> int:
         self._do("poll")
+        while self.on_poll:
+            self.on_poll.pop(0)()
         return 0
 
     def purge(self) -> None:
@@ -363,3 +368,24 @@ def test_a_refused_record_keeps_its_partition_when_a_purge_reports_other_failure
     t.begin()
     t.recover(KafkaException(KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")), "commit")
     assert t.refused_record.startswith("the destination refuses a record (INVALID_TIMESTAMP: ")
+
+
+def test_a_produce_refused_for_a_failed_transaction_is_the_refusal_the_log_told() -> None:
+    """A refused record fails the transaction; the next produce() raises only _STATE ("Erroneous state"), and the
+    refusal is told in librdkafka's TXNERR line alone. Before, the _STATE read as fatal (producer rebuilt) and
+    the refusal went unnamed; with other partitions written beside a held one that happened at every probe."""
+    producers = Producers()
+    t = txn(producers)
+    # The TXNERR line's text, served by the producer's next poll().
+    producers.made[0].on_poll.append(lambda: t.refused_at("src.t", 0, "Broker: Message size too large"))
+    erroneous = KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+    t.recover(erroneous, "writing the transaction")
+    assert producers.made[0].calls[-1] == "abort_transaction" and len(producers.made) == 1  # aborted, kept
+    refusal = t.refusal()
+    assert refusal is not None
+    assert (refusal[0].topic, refusal[0].partition, refusal[0].error) == ("src.t", 0, "MSG_SIZE_TOO_LARGE")
+    t.refusal_held()
+    # What the log told for an earlier transaction is not the cause of a later one's _STATE.
+    t.begin()
+    t.recover(erroneous, "writing the transaction")
+    assert t.refusal() is None and len(producers.made) == 2  # read as before: the producer rebuilt

@@ -77,9 +77,12 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
                 "raise wrapper.staging_max_message_bytes)"
                 for h in value
             )
-        elif key == "refused_record":  # the destination partition the flow waits at; the remedy is the reason's
+        elif key == "refused_record":  # the destination partition records wait at; the remedy is the reason's
             where = f"{value['topic']}-{value['partition']}" if value.get("topic") else "a destination partition"
-            shown = f"{where} refuses a record ({value['error']}): see unavailable_reason"
+            see = "held_staging_partitions" if data.get("held_staging_partitions") else "unavailable_reason"
+            shown = f"{where} refuses a record ({value['error']}): see {see}"
+        elif key == "held_staging_partitions" and value:  # each held partition, what waits and what to change
+            shown = "; ".join(_held_text(h) for h in value)
         elif isinstance(value, list):
             shown = ", ".join(str(v) for v in value) if value and not isinstance(value[0], dict) else len(value)
         if key == "audit_verdicts":  # the last audit of each owned partition: `ferryman audit show` has the rest
@@ -87,6 +90,16 @@ def _status_view(status: ServiceStatus) -> tuple[dict[str, Any], Table]:
             shown = f"{len(value)} partitions audited, {violated} VIOLATED" if value else "no audit yet"
         table.add_row(key, str(shown))
     return data, table
+
+
+def _held_text(held: dict[str, Any]) -> str:
+    """One held staging partition of a deduper's status (JSON form: int64 fields are strings)."""
+    refused = held["refused_record"]
+    sources = ", ".join(f"{s['topic']}-{s['partition']} at {s['watermark']}" for s in held.get("source_partitions", []))
+    return (
+        f"staging {held.get('staging_partition', 0)} held at the record {refused['topic']}-{refused['partition']} "
+        f"refuses (source partitions waiting: {sources or 'unknown'}): {held['reason']}"
+    )
 
 
 def _gap_text(gap: dict[str, Any]) -> str:

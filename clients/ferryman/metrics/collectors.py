@@ -261,12 +261,15 @@ class DeduperCollector(Collector):
         refused = GaugeMetricFamily(
             "ferryman_deduper_refused_record",
             "1 while the destination refuses a record (too large, its timestamp, no key for a compacted topic) and "
-            'the flow waits at it; labels: destination topic and partition ("" and -1 until named), Kafka error.',
+            "records wait at it (its staging partition held, or the whole flow until the refusal is named); labels: "
+            'destination topic and partition ("" and -1 until named), Kafka error.',
             labels=["flow", "topic", "partition", "error"],
         )
+        records = [h.refused_record for h in st.held_staging_partitions]
         if st.HasField("refused_record"):
-            r = st.refused_record
-            refused.add_metric([flow, r.topic, str(r.partition), r.error], 1)
+            records.append(st.refused_record)
+        for labels in sorted({(r.topic, str(r.partition), r.error) for r in records}):
+            refused.add_metric([flow, *labels], 1)
         yield refused
         yield _counter(
             "ferryman_deduper_staging_lost_records",

@@ -730,6 +730,7 @@ class GetDeduperStatusResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     ASSIGNED_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
     REFUSED_RECORD_FIELD_NUMBER: _builtins.int
+    HELD_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
     AUDIT_VERDICTS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
@@ -818,9 +819,20 @@ class GetDeduperStatusResponse(_message.Message):
     @_builtins.property
     def refused_record(self) -> Global___RefusedRecord:
         """A record the destination refuses (too large, its timestamp, no key for a
-        compacted topic): every transaction holding it fails, so the flow waits at
-        it (unavailable_reason says why and what to change) until the topic's
-        configuration, or deduper.max_message_bytes, takes it. Unset otherwise.
+        compacted topic): every transaction holding it fails, so the records of
+        its staging partition wait at it (held_staging_partitions) until the
+        topic's configuration, or deduper.max_message_bytes, takes it. Until the
+        refusal names its partition the whole flow waits (unavailable_reason says
+        why and what to change). Unset otherwise.
+        """
+
+    @_builtins.property
+    def held_staging_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldStagingPartition]:
+        """Staging partitions held at a record the destination refuses: nothing of
+        them is read or written (their source partitions wait, nothing is
+        skipped) while the other staging partitions go on. Each is tried again
+        5 s after the refusal, then up to a minute apart, and released by the
+        first commit past the record. refused_record names the first of them too.
         """
 
     @_builtins.property
@@ -860,15 +872,94 @@ class GetDeduperStatusResponse(_message.Message):
         version: _builtins.str = ...,
         assigned_staging_partitions: _abc.Iterable[_builtins.int] | None = ...,
         refused_record: Global___RefusedRecord | None = ...,
+        held_staging_partitions: _abc.Iterable[Global___HeldStagingPartition] | None = ...,
         audit_verdicts: _abc.Iterable[Global___AuditVerdict] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["refused_record", b"refused_record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "refused_record", b"refused_record", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "held_staging_partitions", b"held_staging_partitions", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "refused_record", b"refused_record", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDeduperStatusResponse: _TypeAlias = GetDeduperStatusResponse  # noqa: Y015
+
+@_typing.final
+class HeldStagingPartition(_message.Message):
+    """HeldStagingPartition is a staging partition a deduper holds at a record the
+    destination refuses.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGING_PARTITION_FIELD_NUMBER: _builtins.int
+    REFUSED_RECORD_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    HELD_SINCE_MS_FIELD_NUMBER: _builtins.int
+    SOURCE_PARTITIONS_FIELD_NUMBER: _builtins.int
+    staging_partition: _builtins.int
+    """Staging partition."""
+    reason: _builtins.str
+    """What the destination refuses and what to change so that it takes it."""
+    held_since_ms: _builtins.int
+    """Wall time the partition was first held, in milliseconds since the epoch."""
+    @_builtins.property
+    def refused_record(self) -> Global___RefusedRecord:
+        """The record the destination refuses, and where it goes."""
+
+    @_builtins.property
+    def source_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSourcePartition]:
+        """Source partitions of this staging partition that the deduper knows,
+        each held at its watermark.
+        """
+
+    def __init__(
+        self,
+        *,
+        staging_partition: _builtins.int = ...,
+        refused_record: Global___RefusedRecord | None = ...,
+        reason: _builtins.str = ...,
+        held_since_ms: _builtins.int = ...,
+        source_partitions: _abc.Iterable[Global___HeldSourcePartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused_record", b"refused_record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_since_ms", b"held_since_ms", "reason", b"reason", "refused_record", b"refused_record", "source_partitions", b"source_partitions", "staging_partition", b"staging_partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldStagingPartition: _TypeAlias = HeldStagingPartition  # noqa: Y015
+
+@_typing.final
+class HeldSourcePartition(_message.Message):
+    """HeldSourcePartition is a source partition waiting with its held staging
+    partition.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    WATERMARK_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Source topic."""
+    partition: _builtins.int
+    """Source partition."""
+    watermark: _builtins.int
+    """Last source offset written to the destination (committed); -1: none yet."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        watermark: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "topic", b"topic", "watermark", b"watermark"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldSourcePartition: _TypeAlias = HeldSourcePartition  # noqa: Y015
 
 @_typing.final
 class RefusedRecord(_message.Message):

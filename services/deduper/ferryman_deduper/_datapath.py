@@ -107,8 +107,8 @@ class DataPath:
         sp = msg.partition()
         if err is not None:
             return  # handed over when the batch was consumed (StagingPartitions.note_errors)
-        if sp is None or sp not in self._parts.owned:
-            return
+        if sp is None or sp not in self._parts.owned or sp in self._parts.holds.paused:
+            return  # held: fetched before the pause, read again by the probe from the committed offset
         self._txn.begin()
         offset = msg.offset()
         assert offset is not None
@@ -135,8 +135,8 @@ class DataPath:
             return
         key = PartitionKey(env.source.topic, env.source.partition)
         sp = envelope.staging_partition(key.topic, key.partition, self._flow.staging_partitions)
-        if sp not in self._parts.owned or self._recovering():
-            return  # another deduper owns it now, or we are rewinding; it will be asked for again
+        if sp not in self._parts.owned or sp in self._parts.holds.paused or self._recovering():
+            return  # another deduper owns it now, it is held, or we are rewinding; it will be asked for again
         self._txn.begin()
         self._staging_at = (sp, None)
         self._apply(key, env, resent=True)

@@ -62,6 +62,7 @@ from ferryman_deduper._flow_topics import ADMIN_TIMEOUT_S, FlowTopics
 from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
 from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
+from ferryman_deduper._holds import RETRY_MAX_S
 from ferryman_deduper._partitions import StagingPartitions
 from ferryman_deduper._quarantine import Quarantine
 from ferryman_deduper._traces import DeduperTraces
@@ -442,6 +443,7 @@ class Deduper:
             if self._recovery is not None and not self._try_recover():
                 continue
             try:
+                self._probe_holds()
                 self._step()
                 now = time.monotonic()
                 if now >= next_sync:
@@ -532,13 +534,16 @@ class Deduper:
         exc, what = self._recovery
         if self._topics.state_lost and self._txn.settled:
             return self._stalled()
+        reached = dict(self._txn.next_offsets)  # the failed transaction's (recover forgets them)
         try:
             self._txn.recover(exc, what)
             if self._topics.state_lost:
                 return self._stalled()
+            self._hold_refused(reached)
             if self._txn.refused_record:
-                # The rewind writes the refused record again and fails again at once (at produce() when it
-                # is over deduper.max_message_bytes): retry at the slowest backoff, not in a tight loop.
+                # Not named to a partition yet: the whole flow waits. The rewind writes the refused record
+                # again and fails again at once (at produce() when it is over deduper.max_message_bytes):
+                # retry at the slowest backoff, not in a tight loop.
                 self._stop.wait(_RECOVERY_BACKOFF_S[1])
                 self._serve_consumer()  # what it reads now is read again after the rewind
             if self._parts.consumer_failed:
@@ -574,6 +579,44 @@ class Deduper:
         self._health_dirty = True
         self._apply_health()
         return True
+
+    def _hold_refused(self, reached: dict[int, int]) -> None:
+        """Hold the staging partitions of a refused record that a failure named (``_holds``); the rewind pauses them.
+
+        reached: the failed transaction's next staging offset per partition (a commit past it took the record).
+        """
+        refusal = self._txn.refusal()
+        if refusal is None:
+            return
+        refused, reason = refusal
+        sps = self._parts.writing_to(refused.topic, refused.partition)
+        if not sps:
+            return  # not a partition a source partition writes (an internal topic): the whole flow waits
+        now = time.monotonic()
+        for sp in sorted(sps):
+            hold, new = self._parts.holds.hold(sp, refused, reason, reached.get(sp, -1), now)
+            if new:
+                _log.warning(
+                    "holding staging partition %d at the record %s-%d refuses (source partitions %s wait, nothing "
+                    "is skipped); the other staging partitions go on. Trying it again in %.0f s, then up to %.0f s "
+                    "apart; changing what refuses it lets it go on by itself",
+                    sp,
+                    refused.topic,
+                    refused.partition,
+                    ", ".join(f"{s.topic}-{s.partition}" for s in self._parts.held_sources(sp)) or "unknown",
+                    hold.backoff_s,
+                    RETRY_MAX_S,
+                )
+            else:
+                _log.info("staging partition %d is still refused: trying it again in %.0f s", sp, hold.backoff_s)
+        self._txn.refusal_held()
+        self._health_dirty = True
+
+    def _probe_holds(self) -> None:
+        """Read held staging partitions whose retry is due again from their last commit (``_holds``)."""
+        for sp in self._parts.holds.due(time.monotonic()):
+            _log.info("trying held staging partition %d again from its last commit", sp)
+            self._parts.probe(sp)
 
     def _stalled(self) -> bool:
         """The state topic is lost: never rewound or restored from again; the flow stalls until an operator acts."""
@@ -674,6 +717,7 @@ class Deduper:
         if not self._txn.open:
             return True
         started_ns, records = time.time_ns(), self._txn.records
+        offsets = dict(self._txn.next_offsets) if len(self._parts.holds) else {}
         try:
             committed = self._txn.commit(
                 staging_topic=self._names.staging_topic,
@@ -693,6 +737,15 @@ class Deduper:
             self._health_dirty = True
             return False
         self._parts.committed.update(committed)
+        for hold in self._parts.holds.committed(offsets):
+            _log.warning(
+                "staging partition %d released: the destination takes the record it refused now (%s-%d, held %.0f s)",
+                hold.staging_partition,
+                hold.refused.topic,
+                hold.refused.partition,
+                time.time() - hold.since_ms / 1000,
+            )
+            self._health_dirty = True
         if self._data.traces is not None:
             self._data.traces.committed(records, started_ns)
         return True
@@ -714,7 +767,9 @@ class Deduper:
 
     # ---------------------------------------------------------- status, close
     def _staging_lag(self) -> int:
-        tps = [TopicPartition(self._names.staging_topic, sp) for sp in sorted(self._parts.owned)]
+        # Held partitions wait for the destination, not for this deduper: their lag must not pause the wrappers.
+        held = self._parts.holds.paused
+        tps = [TopicPartition(self._names.staging_topic, sp) for sp in sorted(self._parts.owned - held)]
         if not tps:
             return 0
         lag = 0
@@ -747,6 +802,10 @@ class Deduper:
         watermarks = control.watermarks() if control is not None else []
         owned = {(w.topic, w.partition) for w in watermarks}
         verdicts = self._verdicts.verdicts() if self._verdicts is not None else []
+        holds = [h.status(self._parts.held_sources(h.staging_partition)) for h in self._parts.holds.holds()]
+        txn_fields = self._txn.status_fields()
+        if txn_fields["refused_record"] is None and holds:
+            txn_fields["refused_record"] = holds[0].refused_record
         return control_pb2.GetDeduperStatusResponse(
             deduper_id=self.instance_id,
             flow=self._flow.name,
@@ -768,7 +827,8 @@ class Deduper:
             version=package_version(),
             assigned_staging_partitions=sorted(set(self._parts.owned)),
             audit_verdicts=[v for v in verdicts if (v.topic, v.partition) in owned],
-            **self._txn.status_fields(),
+            held_staging_partitions=holds,
+            **txn_fields,
         )
 
     def _close(self) -> None:

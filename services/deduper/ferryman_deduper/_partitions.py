@@ -13,6 +13,8 @@ for, and the committed state restored for them:
   rebalancing), or, if the partitions were lost, recovered from the loop;
 * **rewind**: after a failed transaction, owned partitions go back to their
   committed offsets and state;
+* **hold** (``_holds``): a partition whose record the destination refuses is
+  paused at its committed offset, and a probe seeks it back there and resumes it;
 * **a fenced consumer** (``FENCED_INSTANCE_ID``): our static member is fenced
   by our own rejoin after its session timed out, or after a broker restart by
   its own retried JoinGroup. A fence right after our own session timeout is
@@ -40,6 +42,7 @@ from ferryman.v1 import control_pb2, state_pb2
 from ferryman.watchdog import park
 
 from ferryman_deduper._decide import PartitionState
+from ferryman_deduper._holds import RefusalHolds
 
 _log = logging.getLogger(__name__)
 
@@ -105,6 +108,8 @@ class StagingPartitions:
         #: Staging partitions whose next restore starts at the log start, not at the group's committed
         #: offset: the staging topic was made again, and those offsets are the old topic's (``read_anew``).
         self._anew: set[int] = set()
+        self.holds = RefusalHolds()
+        """Owned partitions held at a record the destination refuses (dropped with the partitions)."""
 
     # --------------------------------------------------------------- consumer
     def start(self) -> None:
@@ -195,6 +200,7 @@ class StagingPartitions:
         self.consumer_rebuilds += 1
         # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
         park(self.consumer)
+        self.holds.clear()
         self.owned.clear()
         self.restoring.clear()
         self.committed.clear()
@@ -310,7 +316,7 @@ class StagingPartitions:
         )
 
     def rewind(self) -> None:
-        """Resume every owned partition from its last commit (offsets and state)."""
+        """Resume every owned partition from its last commit (offsets and state); held ones stay paused."""
         if not self.owned:
             return
         positions = self.restore(sorted(self.owned))
@@ -321,6 +327,47 @@ class StagingPartitions:
                 self.consumer.seek(TopicPartition(self._staging_topic, sp, offset))
             except KafkaException as exc:
                 raise KafkaOperationError(f"seeking staging partition {sp} to {offset}", exc) from exc
+        self.pause(self.holds.paused & self.owned)  # a failed probe's partition is held again
+
+    def writing_to(self, topic: str, partition: int) -> set[int]:
+        """Owned staging partitions whose source partitions are written to destination topic's partition."""
+        return {
+            sp
+            for key, dest in self.dest_topics.items()
+            if dest == topic and key.partition == partition and (sp := self.staging_partition(key)) in self.owned
+        }
+
+    def held_sources(self, sp: int) -> list[control_pb2.HeldSourcePartition]:
+        """The source partitions of staging partition sp this deduper knows, each at its committed watermark.
+
+        Known from the state, or from writing them (a partition whose first records failed has no state yet).
+        """
+        committed = dict(self.committed)  # copies: the status asks from a gRPC thread
+        keys = sorted({*committed, *list(self.dest_topics)})
+        return [
+            control_pb2.HeldSourcePartition(
+                topic=key.topic, partition=key.partition, watermark=committed[key].watermark if key in committed else -1
+            )
+            for key in keys
+            if self.staging_partition(key) == sp
+        ]
+
+    def pause(self, parts: set[int]) -> None:
+        """Read nothing more of parts (held): a probe seeks them back to their committed offsets."""
+        if parts:
+            self.consumer.pause([TopicPartition(self._staging_topic, sp) for sp in sorted(parts)])
+
+    def probe(self, sp: int) -> None:
+        """Resume held partition sp from its last commit (offsets and state), as a rewind of it alone."""
+        positions = self.restore([sp])
+        tp = TopicPartition(self._staging_topic, sp, positions[sp])
+        try:
+            # Resumed first: the seek then restarts the fetch from there (any record fetched before is dropped).
+            self.consumer.resume([TopicPartition(self._staging_topic, sp)])
+            self.consumer.seek(tp)
+        except KafkaException as exc:
+            raise KafkaOperationError(f"resuming held staging partition {sp} at {tp.offset}", exc) from exc
+        self.holds.probing(sp)
 
     def finish_restores(self) -> None:
         """Restore state of newly assigned partitions, then let them flow (loop thread)."""
@@ -391,6 +438,7 @@ class StagingPartitions:
         parts = {tp.partition for tp in partitions}
         self.restoring -= parts
         self._commit_for_revoke(lost)
+        self.holds.drop(parts)
         self.owned -= parts
         self._forget(parts)
         _log.info(

@@ -43,6 +43,7 @@ from ferryman.kafka_errors import (
     is_stale_generation,
     kafka_error_of,
     record_refused,
+    refusal_told,
     retry_retriable,
 )
 from ferryman.kafka_log import RepeatFilter
@@ -306,6 +307,7 @@ class Transaction:
             return
         if self.exactly_once:
             self.producer.begin_transaction()
+        self._refused_at = {}  # what the log tells from now on is this transaction's (`_told_cause`)
         self.open = True
         self.started = time.monotonic()
         self.records = 0
@@ -429,6 +431,7 @@ class Transaction:
             self.clear()
             self.rebuild()
             return
+        exc = self._told_cause(exc)
         cls = self._class_of(exc)
         own_fence = False
         replaced_s = time.monotonic() - self._replaced_at if self._replaced_at is not None else None
@@ -478,6 +481,24 @@ class Transaction:
         if cls is not ErrorClass.ABORTABLE or not self.exactly_once:
             self.rebuild(after_own_fence=own_fence)
 
+    def _told_cause(self, exc: BaseException) -> BaseException:
+        """A produce() refused with ``_STATE`` in a transaction a refused record failed: that refusal, else exc.
+
+        Classified as the refusal (abortable: aborted, not rebuilt) and named (`_note_refused`). Before, the
+        ``_STATE`` read as fatal, the producer was rebuilt, and the refusal went unnamed: with other partitions
+        written beside a held one, a probe failed that way four or five times in a row before one failure told
+        the refusal (the wrappers paused meanwhile for failed commits).
+        """
+        err = kafka_error_of(exc)
+        if err is None or err.code() != KafkaError._STATE:
+            return exc
+        try:  # confluent-kafka hands the log lines over in poll(): the TXNERR line may be waiting there
+            self.call(lambda: self.producer.poll(0), "serving producer events")
+        except (KafkaException, WedgedCallError) as served:
+            _log.debug("serving producer events before classifying %s: %s", err.str(), served)
+        told = refusal_told(list(self._refused_at))
+        return KafkaException(told) if told is not None else exc
+
     def refused_at(self, topic: str, partition: int, reason: str) -> None:
         """Where a record failed: the producer's log (any thread), produce() or a delivery report said so.
 
@@ -513,13 +534,28 @@ class Transaction:
                 "is larger)"
             )
         self.refused_record = (
-            f"the destination refuses a record{at} ({err.name()}: {err.str()}): {remedy}; "
-            "the flow waits for it, nothing is skipped"
+            f"the destination refuses a record{at} ({err.name()}: {err.str()}): {remedy}; nothing past it is skipped"
         )
         repeats = self._refusals.admit(err.code())
         if repeats is not None:
             held = f" ({repeats[0]} more such failures in the last {repeats[1]:.0f} s)" if repeats[0] else ""
             _log.error("%s%s", self.refused_record, held)
+
+    def refusal(self) -> tuple[control_pb2.RefusedRecord, str] | None:
+        """The refused record the last failure named a partition for, and the refusal's text; None otherwise."""
+        status = self._refused_status
+        if not self.refused_record or status is None or not status.topic:
+            return None
+        return status, self.refused_record
+
+    def refusal_held(self) -> None:
+        """The caller holds the refused record's staging partition: the flow no longer waits for it here.
+
+        Nor is the failure counted as a failing commit (which pauses the wrappers): the destination answers.
+        """
+        self.refused_record = ""
+        self._refused_status = None
+        self.consecutive_failures = 0
 
     def _class_of(self, exc: BaseException) -> ErrorClass:
         if isinstance(exc, WedgedCallError):
