@@ -111,8 +111,9 @@ def _overview() -> list[Stat]:
         _stat(
             "Partitions held at a record",
             "short",
-            "Partitions that wait at one record: the destination refuses it (the deduper's flow waits; "
-            "ferryman_deduper_refused_record names it) or it is too large to stage (the wrapper holds its partition).",
+            "Partitions that wait at one record: the destination refuses it (the deduper holds its staging "
+            "partition; ferryman_deduper_refused_record names it) or it is too large to stage (the wrapper holds "
+            "its partition).",
             _query(
                 f"(count(ferryman_deduper_refused_record{{{_FLOW}}} == 1) or vector(0)) "
                 f"+ (count(ferryman_wrapper_held_offset{{{_FLOW}}} >= 0) or vector(0))"

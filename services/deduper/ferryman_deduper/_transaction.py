@@ -492,10 +492,7 @@ class Transaction:
         err = kafka_error_of(exc)
         if err is None or err.code() != KafkaError._STATE:
             return exc
-        try:  # confluent-kafka hands the log lines over in poll(): the TXNERR line may be waiting there
-            self.call(lambda: self.producer.poll(0), "serving producer events")
-        except (KafkaException, WedgedCallError) as served:
-            _log.debug("serving producer events before classifying %s: %s", err.str(), served)
+        self._serve_events()  # confluent-kafka hands log lines over in poll(): the TXNERR line may wait there
         told = refusal_told(list(self._refused_at))
         return KafkaException(told) if told is not None else exc
 
@@ -562,6 +559,20 @@ class Transaction:
             return ErrorClass.FATAL
         # Serve pending error events: a fatal error reaches error_cb only
         # through poll(), and until then calls fail with a generic _FATAL.
+        self._serve_events()
+        if self.producer_fatal is not None:
+            exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
+        cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
+        if cls is ErrorClass.RETRIABLE:
+            cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
+        if cls is ErrorClass.FATAL and self.exactly_once:
+            real = self._fatal_cause()
+            if real is not None:
+                cls = classify(real)
+        return cls
+
+    def _serve_events(self) -> None:
+        """Serve the producer's pending events (error_cb, delivery reports, log lines) to classify a failure."""
         try:
             self.call(lambda: self.producer.poll(0), "serving producer events")
         except KafkaException as served:
@@ -573,16 +584,6 @@ class Transaction:
                 raise
             if self.producer_fatal is None:
                 self.producer_fatal = served_err
-        if self.producer_fatal is not None:
-            exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
-        cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
-        if cls is ErrorClass.RETRIABLE:
-            cls = ErrorClass.FATAL  # retries exhausted: the outcome is unknown
-        if cls is ErrorClass.FATAL and self.exactly_once:
-            real = self._fatal_cause()
-            if real is not None:
-                cls = classify(real)
-        return cls
 
     def _fatal_cause(self) -> KafkaError | None:
         """The producer's own fatal error, if it is in a fatal state.
