@@ -431,8 +431,7 @@ class Transaction:
             self.clear()
             self.rebuild()
             return
-        exc = self._told_cause(exc)
-        cls = self._class_of(exc)
+        cls, exc = self._class_of(exc)
         own_fence = False
         replaced_s = time.monotonic() - self._replaced_at if self._replaced_at is not None else None
         if cls is ErrorClass.FENCED and replaced_s is not None and replaced_s * 1000 < self._dc.transaction_timeout_ms:
@@ -484,6 +483,8 @@ class Transaction:
     def _told_cause(self, exc: BaseException) -> BaseException:
         """A produce() refused with ``_STATE`` in a transaction a refused record failed: that refusal, else exc.
 
+        Asked once the producer's events are served: confluent-kafka hands log lines (the TXNERR line) over in poll().
+
         Classified as the refusal (abortable: aborted, not rebuilt) and named (`_note_refused`). Before, the
         ``_STATE`` read as fatal, the producer was rebuilt, and the refusal went unnamed: with other partitions
         written beside a held one, a probe failed that way four or five times in a row before one failure told
@@ -492,7 +493,6 @@ class Transaction:
         err = kafka_error_of(exc)
         if err is None or err.code() != KafkaError._STATE:
             return exc
-        self._serve_events()  # confluent-kafka hands log lines over in poll(): the TXNERR line may wait there
         told = refusal_told(list(self._refused_at))
         return KafkaException(told) if told is not None else exc
 
@@ -554,12 +554,14 @@ class Transaction:
         self._refused_status = None
         self.consecutive_failures = 0
 
-    def _class_of(self, exc: BaseException) -> ErrorClass:
+    def _class_of(self, exc: BaseException) -> tuple[ErrorClass, BaseException]:
+        """The failure's class, and its cause (`_told_cause`) for the caller to name."""
         if isinstance(exc, WedgedCallError):
-            return ErrorClass.FATAL
-        # Serve pending error events: a fatal error reaches error_cb only
-        # through poll(), and until then calls fail with a generic _FATAL.
+            return ErrorClass.FATAL, exc
+        # Serve pending events: a fatal error reaches error_cb only through poll(), and until then calls
+        # fail with a generic _FATAL; the producer's log lines (a refusal's TXNERR) come the same way.
         self._serve_events()
+        exc = told = self._told_cause(exc)
         if self.producer_fatal is not None:
             exc = KafkaException(self.producer_fatal)  # the real reason behind a generic _FATAL
         cls = classify(exc) if isinstance(exc, KafkaException) else ErrorClass.FATAL
@@ -569,7 +571,7 @@ class Transaction:
             real = self._fatal_cause()
             if real is not None:
                 cls = classify(real)
-        return cls
+        return cls, told
 
     def _serve_events(self) -> None:
         """Serve the producer's pending events (error_cb, delivery reports, log lines) to classify a failure."""
