@@ -25,13 +25,13 @@ def broker_setting(admin: AdminClient, name: str, timeout_s: float) -> str | Non
     Returns:
         The value, or None when it cannot be read (no DescribeConfigs permission: the check is skipped, logged).
     """
-    cluster = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster")
+    cluster = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster", admin=admin)
     if not cluster.nodes:
         return None
     resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
     try:
         futures = admin.describe_configs([resource], request_timeout=timeout_s)
-        entries = answer(futures[resource], timeout_s, "describe broker configs")
+        entries = answer(futures[resource], timeout_s, "describe broker configs", admin=admin)
     except KafkaException as exc:
         if authorization_error(exc, operation="describe broker configs") is None:
             raise

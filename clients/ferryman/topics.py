@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from ferryman import controller
 from ferryman.errors import KafkaOperationError, TopicShapeError
 from ferryman.kafka_errors import authorization_error, retry_retriable
 
@@ -45,16 +46,25 @@ _SETTLE_ASK_MIN_S = 2.0
 _RANGES_ASK_S = 5.0
 
 
-def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
+def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str, *, admin: AdminClient | None = None) -> T:
     """An admin future's result within timeout_s.
+
+    admin: the client of a request sent to the controller, which it follows if that node is gone
+    (`ferryman.controller`).
 
     Raises:
         KafkaOperationError: no answer in time (a transient fault: the cluster is slow or away), with
             ``concurrent.futures.TimeoutError`` as its cause. Left bare, that error is no Kafka or
             Ferryman error, and a service loop would exit on it instead of waiting it out.
     """
+    deadline = time.monotonic() + timeout_s
     try:
-        return future.result(timeout=timeout_s)
+        if admin is not None and timeout_s > controller.CONTROLLER_WAIT_S:
+            try:
+                return future.result(timeout=controller.CONTROLLER_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                controller.refresh(admin)
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
     except concurrent.futures.TimeoutError as exc:
         raise KafkaOperationError(f"{what}: no answer within {round(timeout_s, 2):g} s", exc) from exc
 
@@ -247,7 +257,7 @@ def uuid_bytes(uuid: object) -> bytes:
 
 def cluster_id(admin: AdminClient, timeout_s: float) -> str:
     """The cluster id reported by the cluster itself."""
-    result = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster")
+    result = answer(admin.describe_cluster(request_timeout=timeout_s), timeout_s, "describe cluster", admin=admin)
     cid = result.cluster_id
     if not cid:
         raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "cluster reported no cluster id"))
@@ -269,7 +279,7 @@ def describe_topics(admin: AdminClient, names: Iterable[str], timeout_s: float) 
     out: dict[str, TopicInfo] = {}
     for name, fut in futures.items():
         try:
-            desc = answer(fut, timeout_s, f"describe topic {name}")
+            desc = answer(fut, timeout_s, f"describe topic {name}", admin=admin)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -289,7 +299,7 @@ def replicable_configs(admin: AdminClient, names: Iterable[str], timeout_s: floa
         return {}
     out: dict[str, dict[str, str]] = {}
     for res, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        entries = answer(fut, timeout_s, f"describe the configs of topic {res.name}")
+        entries = answer(fut, timeout_s, f"describe the configs of topic {res.name}", admin=admin)
         out[res.name] = {
             k: e.value
             for k, e in entries.items()
@@ -335,7 +345,7 @@ def create_topics(admin: AdminClient, new: Sequence[NewTopic], timeout_s: float)
     failed: list[tuple[str, KafkaException]] = []
     for t in new:
         try:
-            answer(futures[t.topic], timeout_s, f"create topic {t.topic}")
+            answer(futures[t.topic], timeout_s, f"create topic {t.topic}", admin=admin)
         except KafkaException as exc:
             if not _has_code(exc, KafkaError.TOPIC_ALREADY_EXISTS):
                 failed.append((t.topic, exc))
@@ -376,7 +386,7 @@ def grow_topics(admin: AdminClient, partitions: Mapping[str, int], timeout_s: fl
     failed: list[KafkaException] = []
     for name, n in partitions.items():
         try:
-            answer(futures[name], timeout_s, f"grow topic {name}")
+            answer(futures[name], timeout_s, f"grow topic {name}", admin=admin)
         except KafkaException as exc:
             if not _has_code(exc, KafkaError.INVALID_PARTITIONS):
                 failed.append(exc)
@@ -513,7 +523,7 @@ def _topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> di
         return {
             res.name: {
                 k: e.value
-                for k, e in answer(fut, timeout_s, f"describe the configs of topic {res.name}").items()
+                for k, e in answer(fut, timeout_s, f"describe the configs of topic {res.name}", admin=admin).items()
                 if e.value is not None
             }
             for res, fut in futures.items()

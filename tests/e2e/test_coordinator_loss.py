@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.config import load_config
 from ferryman.naming import FlowNames
-from ferryman.topics import watermark_offsets
+from ferryman.topics import describe_topics, watermark_offsets
 from ferryman_local import MultiNodeCluster, transaction_coordinator
 
 from tests.helpers.kafka import (
@@ -286,3 +286,29 @@ def test_a_flow_started_while_the_destination_has_lost_its_controller_quorum_wai
     finally:
         for node in down:  # the module's other tests need all three
             destination3.restart(node)
+
+
+def test_an_admin_request_follows_a_lost_controller(
+    destination3: MultiNodeCluster, unique_name: Callable[[str], str]
+) -> None:
+    """librdkafka sends DescribeTopics (and CreateTopics, DescribeConfigs...) to the node its metadata last named
+    controller, and waits for that node: with it killed, until it was back or the request timed out. A
+    deduper's restore waited 29 s so, with the flow stopped (`ferryman.controller`). A request left waiting
+    now refreshes the client's metadata, and the live broker it then names answers."""
+    dst = destination3.bootstrap_servers
+    topic = unique_name("ctl")
+    create_topic(dst, topic, 1)
+    admin = AdminClient({"bootstrap.servers": dst})
+    node = admin.list_topics(timeout=30).controller_id  # the node the admin sends its requests to
+    assert topic in describe_topics(admin, [topic], 30)
+    destination3.kill(node)
+    try:
+        time.sleep(1)  # the admin has seen its connection to the node close
+        began = time.monotonic()
+        found = describe_topics(admin, [topic], 30)
+        took = time.monotonic() - began
+        _log.info("described %s in %.1f s with node %d (the admin's controller) down", topic, took, node)
+        assert topic in found
+        assert took < 10, f"the describe waited {took:.1f} s for the lost node {node}"
+    finally:
+        destination3.restart(node)

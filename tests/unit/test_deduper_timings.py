@@ -1,11 +1,13 @@
-"""RecentDurations: the deduper's window of recent commit times (status RPC)."""
+"""RecentDurations: the deduper's window of recent commit times (status RPC); SlowSteps: a slow restore, named."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from unittest.mock import patch
 
 import pytest
-from ferryman_deduper._timings import RecentDurations
+from ferryman_deduper._timings import RecentDurations, SlowSteps
 
 
 def test_empty_window_reports_zero() -> None:
@@ -55,3 +57,28 @@ def test_summaries_while_another_thread_records() -> None:
     finally:
         stop.set()
         writer.join()
+
+
+def test_slow_steps_name_the_step_that_took_the_time(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test.slow")
+    clock = iter([100.0, 100.1, 106.1, 106.2])
+    with (
+        caplog.at_level(logging.WARNING, logger="test.slow"),
+        patch("ferryman_deduper._timings.time.monotonic", lambda: next(clock)),
+    ):
+        steps = SlowSteps(log, slow_s=5.0)
+        steps.done("describing")
+        steps.done("reading offsets")
+        steps.done("reading state")
+        steps.report("restoring [0, 1]")
+    assert [r.getMessage() for r in caplog.records] == [
+        "restoring [0, 1] took 6.2 s: describing 0.1 s, reading offsets 6.0 s, reading state 0.1 s"
+    ]
+
+
+def test_fast_steps_say_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    steps = SlowSteps(logging.getLogger("test.fast"), slow_s=5.0)
+    steps.done("describing")
+    with caplog.at_level(logging.DEBUG, logger="test.fast"):
+        steps.report("restoring [0]")
+    assert caplog.records == []

@@ -6,7 +6,9 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, Uuid
+from ferryman import controller
 from ferryman_deduper._topic_watch import TopicWatch
 
 
@@ -56,3 +58,22 @@ def test_nothing_asked_sends_nothing() -> None:
     watch.ask([])
     assert watch.answers() == {}
     assert admin.sent == []
+
+
+def test_a_describe_left_waiting_refreshes_the_metadata_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller, "CONTROLLER_WAIT_S", 0.0)
+    refreshed: list[object] = []
+
+    def refresh(admin: object) -> bool:
+        refreshed.append(admin)
+        return True
+
+    monkeypatch.setattr(controller, "refresh", refresh)
+    admin = _Admin()
+    watch = TopicWatch(admin)  # type: ignore[arg-type]
+    watch.ask(["a"])
+    assert watch.answers() == {}
+    assert watch.answers() == {}
+    assert refreshed == [admin]  # once per describe: the controller it names takes the request
+    admin.sent[0]["a"].set_result(_desc(1))
+    assert set(watch.answers()) == {"a"}

@@ -43,11 +43,14 @@ from ferryman.watchdog import park
 
 from ferryman_deduper._decide import PartitionState
 from ferryman_deduper._holds import RefusalHolds
+from ferryman_deduper._timings import SlowSteps
 
 _log = logging.getLogger(__name__)
 
 #: Budget of the reads a restore makes (committed offsets, the state partitions).
 RESTORE_BUDGET_S = 30.0
+#: A restore slower than this names the step that took the time (WARNING): each is a call to the cluster.
+RESTORE_SLOW_S = 5.0
 #: A consumer's close leaves the group (or, static, just stops); longer means it is stuck.
 CLOSE_DEADLINE_S = 15.0
 
@@ -236,15 +239,21 @@ class StagingPartitions:
         """
         # Before: a state topic already deleted is named at once, not after the read waits out its budget
         # (an unknown partition is retried for RESTORE_BUDGET_S; twice that stalled a flow too late in a CI run).
+        steps = SlowSteps(_log, RESTORE_SLOW_S)
         self._check_state()
+        steps.done("describing the state topic")
         tps = [TopicPartition(self._staging_topic, sp) for sp in partitions]
         committed = retry_retriable(
             lambda: self.consumer.committed(tps, timeout=RESTORE_BUDGET_S),
             what="reading committed staging offsets",
             budget_s=RESTORE_BUDGET_S,
         )
+        steps.done("reading the committed staging offsets")
         records = read_compacted(self._restore_config(), self._state_topic, partitions, RESTORE_BUDGET_S, settle=True)
+        steps.done("reading the state partitions")
         self._check_state()  # the topic read is the one the deduper started on, not one made again (empty)
+        steps.done("describing the state topic again")
+        steps.report(f"restoring staging partitions {partitions}")
         self._forget(partitions)
         restored = 0
         for recs in records.values():

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
+from ferryman import controller
 from ferryman.topics import TopicInfo, uuid_bytes
 
 _log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ class TopicWatch:
         self._admin = admin
         self._timeout_s = request_timeout_s
         self._in_flight: dict[str, concurrent.futures.Future[Any]] = {}
+        self._sent_at = 0.0
+        self._followed = False
         self._wanted: set[str] = set()
 
     def ask(self, names: Iterable[str]) -> None:
@@ -45,7 +49,11 @@ class TopicWatch:
 
     def answers(self) -> Found:
         """What the describe in flight found, once it is answered for every topic; empty until then."""
-        if not self._in_flight or not all(f.done() for f in self._in_flight.values()):
+        if not self._in_flight:
+            return {}
+        if not all(f.done() for f in self._in_flight.values()):
+            if not self._followed and time.monotonic() - self._sent_at >= controller.CONTROLLER_WAIT_S:
+                self._followed = controller.refresh(self._admin)  # its controller may be gone
             return {}
         found: dict[str, TopicInfo | None] = {}
         for name, future in self._in_flight.items():
@@ -69,5 +77,6 @@ class TopicWatch:
         names, self._wanted = sorted(self._wanted), set()
         try:
             self._in_flight = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout_s)
+            self._sent_at, self._followed = time.monotonic(), False
         except KafkaException as exc:  # refused before it was sent (the client is shutting down)
             _log.debug("describe topics %s not sent: %s", names, exc)

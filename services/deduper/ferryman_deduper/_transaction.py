@@ -281,9 +281,11 @@ class Transaction:
         self.stats.producer_rebuilds += 1
         self._rebuild_due = True
         _log.warning("rebuilding the destination producer (%s)", self.transactional_id)
+        began = time.monotonic()
         self._new_producer()
         self._init_transactions(budget_s=self._dc.operation_timeout_s * 4)
         self._rebuild_due = False
+        _log.info("the new destination producer is ready after %.1f s", time.monotonic() - began)
 
     def _new_producer(self) -> None:
         """Replace the producer (the first: make it); the old one is purged unless the watchdog abandoned it."""
