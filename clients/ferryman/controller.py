@@ -5,8 +5,9 @@ DescribeCluster) to the node its last metadata named as the controller, and wait
 up. A KRaft broker names any live broker there, but nothing refreshes an admin client's metadata when
 that node dies: the request waits until the node is back or its own timeout ends ("Timed out waiting for
 controller"; a deduper's restore waited 29 s with one destination node of three killed, 2026-12-05). A
-request unanswered after CONTROLLER_WAIT_S has the client's metadata refreshed once, in the background:
-the controller it then names takes the waiting request at once.
+request unanswered after CONTROLLER_WAIT_S has the client's metadata refreshed, in the background, and
+again every CONTROLLER_WAIT_S while it waits (until the cluster has fenced the dead node, a few seconds,
+a refresh may name it again): the live controller a refresh names takes the waiting request at once.
 """
 
 from __future__ import annotations

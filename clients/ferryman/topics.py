@@ -49,8 +49,9 @@ _RANGES_ASK_S = 5.0
 def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str, *, admin: AdminClient | None = None) -> T:
     """An admin future's result within timeout_s.
 
-    admin: the client of a request sent to the controller, which it follows if that node is gone
-    (`ferryman.controller`).
+    admin: the client of a request sent to the controller: its metadata is refreshed every
+    `controller.CONTROLLER_WAIT_S` while the request waits, so that it follows a controller that is gone
+    (`ferryman.controller`; right after a kill, a refresh may still name the dead node).
 
     Raises:
         KafkaOperationError: no answer in time (a transient fault: the cluster is slow or away), with
@@ -59,7 +60,7 @@ def answer(future: concurrent.futures.Future[T], timeout_s: float, what: str, *,
     """
     deadline = time.monotonic() + timeout_s
     try:
-        if admin is not None and timeout_s > controller.CONTROLLER_WAIT_S:
+        while admin is not None and deadline - time.monotonic() > controller.CONTROLLER_WAIT_S:
             try:
                 return future.result(timeout=controller.CONTROLLER_WAIT_S)
             except concurrent.futures.TimeoutError:

@@ -88,13 +88,15 @@ def test_a_request_left_waiting_refreshes_the_metadata_and_takes_the_answer_that
     assert admin.refreshes == 1
 
 
-def test_without_an_answer_the_whole_budget_is_waited_then_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_an_answer_the_metadata_is_refreshed_all_along_then_the_request_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(controller, "CONTROLLER_WAIT_S", 0.05)
     admin = _Admin()
     admin.release.set()
     never: Future[Any] = Future()
     began = time.monotonic()
-    with pytest.raises(KafkaOperationError, match=r"describe topic t: no answer within 0.3 s"):
-        topics.answer(never, 0.3, "describe topic t", admin=admin)  # type: ignore[arg-type]
-    assert 0.25 <= time.monotonic() - began < 2
-    assert admin.refreshes == 1
+    with pytest.raises(KafkaOperationError, match=r"describe topic t: no answer within 0.5 s"):
+        topics.answer(never, 0.5, "describe topic t", admin=admin)  # type: ignore[arg-type]
+    assert 0.45 <= time.monotonic() - began < 2
+    assert admin.refreshes >= 3  # a refresh right after a kill may name the dead node again

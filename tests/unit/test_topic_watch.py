@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -60,8 +61,8 @@ def test_nothing_asked_sends_nothing() -> None:
     assert admin.sent == []
 
 
-def test_a_describe_left_waiting_refreshes_the_metadata_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller, "CONTROLLER_WAIT_S", 0.0)
+def test_a_describe_left_waiting_refreshes_the_metadata_every_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller, "CONTROLLER_WAIT_S", 0.05)
     refreshed: list[object] = []
 
     def refresh(admin: object) -> bool:
@@ -73,7 +74,13 @@ def test_a_describe_left_waiting_refreshes_the_metadata_once(monkeypatch: pytest
     watch = TopicWatch(admin)  # type: ignore[arg-type]
     watch.ask(["a"])
     assert watch.answers() == {}
+    assert refreshed == []  # just sent: an answer takes ms
+    time.sleep(0.06)
     assert watch.answers() == {}
-    assert refreshed == [admin]  # once per describe: the controller it names takes the request
+    assert watch.answers() == {}
+    assert refreshed == [admin]  # once per wait: the controller a refresh names takes the request
+    time.sleep(0.06)
+    assert watch.answers() == {}
+    assert refreshed == [admin, admin]  # right after a kill, a refresh may still name the dead node
     admin.sent[0]["a"].set_result(_desc(1))
     assert set(watch.answers()) == {"a"}

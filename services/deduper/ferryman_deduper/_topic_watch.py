@@ -38,8 +38,7 @@ class TopicWatch:
         self._admin = admin
         self._timeout_s = request_timeout_s
         self._in_flight: dict[str, concurrent.futures.Future[Any]] = {}
-        self._sent_at = 0.0
-        self._followed = False
+        self._waited_at = 0.0
         self._wanted: set[str] = set()
 
     def ask(self, names: Iterable[str]) -> None:
@@ -52,8 +51,10 @@ class TopicWatch:
         if not self._in_flight:
             return {}
         if not all(f.done() for f in self._in_flight.values()):
-            if not self._followed and time.monotonic() - self._sent_at >= controller.CONTROLLER_WAIT_S:
-                self._followed = controller.refresh(self._admin)  # its controller may be gone
+            now = time.monotonic()
+            if now - self._waited_at >= controller.CONTROLLER_WAIT_S:  # its controller may be gone
+                controller.refresh(self._admin)
+                self._waited_at = now
             return {}
         found: dict[str, TopicInfo | None] = {}
         for name, future in self._in_flight.items():
@@ -77,6 +78,6 @@ class TopicWatch:
         names, self._wanted = sorted(self._wanted), set()
         try:
             self._in_flight = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout_s)
-            self._sent_at, self._followed = time.monotonic(), False
+            self._waited_at = time.monotonic()
         except KafkaException as exc:  # refused before it was sent (the client is shutting down)
             _log.debug("describe topics %s not sent: %s", names, exc)
