@@ -1,4 +1,4 @@
-"""Admin requests follow a lost controller: a request left waiting has its client's metadata refreshed once."""
+"""Admin requests follow a lost controller: a waiting request has its client's metadata refreshed while it waits."""
 
 from __future__ import annotations
 

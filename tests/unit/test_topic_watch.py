@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, Uuid
 from ferryman import controller
+from ferryman_deduper import _topic_watch
 from ferryman_deduper._topic_watch import TopicWatch
 
 
@@ -63,6 +63,8 @@ def test_nothing_asked_sends_nothing() -> None:
 
 def test_a_describe_left_waiting_refreshes_the_metadata_every_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(controller, "CONTROLLER_WAIT_S", 0.05)
+    clock = [100.0]
+    monkeypatch.setattr(_topic_watch, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     refreshed: list[object] = []
 
     def refresh(admin: object) -> bool:
@@ -75,11 +77,11 @@ def test_a_describe_left_waiting_refreshes_the_metadata_every_wait(monkeypatch: 
     watch.ask(["a"])
     assert watch.answers() == {}
     assert refreshed == []  # just sent: an answer takes ms
-    time.sleep(0.06)
+    clock[0] += 0.06
     assert watch.answers() == {}
     assert watch.answers() == {}
     assert refreshed == [admin]  # once per wait: the controller a refresh names takes the request
-    time.sleep(0.06)
+    clock[0] += 0.06
     assert watch.answers() == {}
     assert refreshed == [admin, admin]  # right after a kill, a refresh may still name the dead node
     admin.sent[0]["a"].set_result(_desc(1))
