@@ -517,8 +517,10 @@ cdef inline const unsigned char* _get_field(const unsigned char* p, const unsign
     """Read one field of a message: its tag, then the varint of the message's one varint field (varint_tag),
     or else a length-delimited field's length, checked against end. For the latter, value is the length and
     the result points at the body. NULL when malformed or of another wire type (the library's path)."""
+    cdef const unsigned char* start = p
     p = _get_varint(p, end, tag)
-    if p == NULL:
+    # A tag is a uint32 of at most 5 bytes with a field number from 1: protobuf refuses anything else.
+    if p == NULL or p - start > 5 or tag[0] > <uint64_t>0xFFFFFFFFU or (tag[0] >> 3) == 0:
         return NULL
     if tag[0] == varint_tag:
         return _get_varint(p, end, value)
