@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -211,6 +211,45 @@ class FerrymanAdmin:
         """
         request = control_pb2.TranslateOffsetsRequest(topic=topic, partition=partition, offset=offset)
         return self._safe_call(lambda t: self._deduper.TranslateOffsets(request, timeout=t), timeout_s)
+
+    def group_offsets(self, group: str, *, timeout_s: float | None = None) -> control_pb2.GetGroupOffsetsResponse:
+        """``WrapperService.GetGroupOffsets``: a consumer group's committed offsets of the flow's source topics.
+
+        Raises:
+            InvalidArgumentError: no group named.
+            AdminError: another subclass naming the failure (`WrongServiceError` from a deduper).
+        """
+        request = control_pb2.GetGroupOffsetsRequest(group=group)
+        return self._safe_call(lambda t: self._wrapper.GetGroupOffsets(request, timeout=t), timeout_s)
+
+    def translate_group_offsets(
+        self, group: str, source_offsets: Sequence[control_pb2.GroupOffset], *, timeout_s: float | None = None
+    ) -> control_pb2.TranslateGroupOffsetsResponse:
+        """``DeduperService.TranslateGroupOffsets``: where the group resumes at the destination.
+
+        source_offsets: the group's committed source offsets (`group_offsets`).
+
+        Raises:
+            InvalidArgumentError: a field out of range (``metadata["field"]``).
+            PreconditionError: the flow writes no offset map.
+            AdminError: another subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = control_pb2.TranslateGroupOffsetsRequest(group=group, source_offsets=source_offsets)
+        return self._safe_call(lambda t: self._deduper.TranslateGroupOffsets(request, timeout=t), timeout_s)
+
+    def commit_group_offsets(
+        self, group: str, source_offsets: Sequence[control_pb2.GroupOffset], *, timeout_s: float | None = None
+    ) -> control_pb2.CommitGroupOffsetsResponse:
+        """``DeduperService.CommitGroupOffsets``: translate, and commit for the group at the destination.
+
+        Raises:
+            InvalidArgumentError: a field out of range (``metadata["field"]``).
+            PreconditionError: the flow writes no offset map, the group has members at the destination, or a
+                partition is not replicated yet (nothing is committed then).
+            AdminError: another subclass naming the failure (`WrongServiceError` from a wrapper).
+        """
+        request = control_pb2.CommitGroupOffsetsRequest(group=group, source_offsets=source_offsets)
+        return self._safe_call(lambda t: self._deduper.CommitGroupOffsets(request, timeout=t), timeout_s)
 
     def service_status(self, *, timeout_s: float | None = None) -> ServiceStatus:
         """The status of whichever service listens at the address.

@@ -112,7 +112,7 @@ def _complete(words: str) -> list[str]:
 def test_bash_completion_offers_the_subcommands_and_options() -> None:
     root = typer.main.get_command(app)
     assert _complete("ferryman ") == list(root.commands)  # type: ignore[attr-defined]
-    assert _complete("ferryman offsets ") == ["translate"]
+    assert _complete("ferryman offsets ") == ["translate", "translate-group"]
     assert set(_complete("ferryman audit ")) == set(root.commands["audit"].commands)  # type: ignore[attr-defined]
     assert set(_complete("ferryman status --serv")) == {"--server", "--server-name"}
     # Typer finds the shell from the parent process, as when a person types it in bash.

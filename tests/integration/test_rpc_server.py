@@ -75,6 +75,16 @@ class TestServicer(control_pb2_grpc.DeduperServiceServicer, control_pb2_grpc.Con
     ) -> control_pb2.TranslateOffsetsResponse:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "not part of these tests")
 
+    def TranslateGroupOffsets(  # noqa: N802
+        self, request: control_pb2.TranslateGroupOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.TranslateGroupOffsetsResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not part of these tests")
+
+    def CommitGroupOffsets(  # noqa: N802
+        self, request: control_pb2.CommitGroupOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.CommitGroupOffsetsResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not part of these tests")
+
     def Connect(  # noqa: N802
         self, request_iterator: Iterator[control_pb2.ConnectRequest], context: grpc.ServicerContext
     ) -> Iterator[control_pb2.ConnectResponse]:

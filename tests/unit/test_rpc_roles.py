@@ -7,7 +7,7 @@ from ferryman.config import ApiToken, FerrymanConfig, SecretStr, load_config
 from ferryman.errors import ConfigError
 from ferryman.rpc import AuthInterceptor, required_role
 from ferryman.rpc._roles import GRANTS
-from ferryman.v1 import flows_pb2
+from ferryman.v1 import control_pb2, flows_pb2
 
 SEED = {
     "KAFKA_CLUSTERS_SOURCE_BOOTSTRAP_SERVERS": "s:9092",
@@ -48,6 +48,22 @@ def test_the_real_flow_service_methods_get_admin_for_changes_and_read_only_for_r
     assert {"CreateFlow", "UpdateFlow", "DeleteFlow", "PauseFlow", "ResumeFlow"} <= roles.keys()
     assert roles.keys() >= _FLOW_READS
     assert roles == {name: "read-only" if name in _FLOW_READS else "admin" for name in roles}
+
+
+#: The operator RPCs of control.proto that change something; every other one only reads.
+_CONTROL_CHANGES = frozenset({"CommitGroupOffsets"})
+
+
+def test_the_real_status_and_offset_methods_get_admin_only_where_they_change_something() -> None:
+    """Reading a group's offsets or translating them is a read; committing them at the destination is not."""
+    roles = {
+        m.name: required_role(f"/{service.full_name}/{m.name}")
+        for name in ("WrapperService", "DeduperService")
+        for service in [control_pb2.DESCRIPTOR.services_by_name[name]]
+        for m in service.methods
+    }
+    assert {"GetGroupOffsets", "TranslateGroupOffsets", "CommitGroupOffsets"} <= roles.keys()
+    assert roles == {name: "admin" if name in _CONTROL_CHANGES else "read-only" for name in roles}
 
 
 def test_admin_includes_read_only_and_peer_is_only_the_link() -> None:

@@ -9,6 +9,7 @@ from ferryman.v1 import state_pb2 as _state_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,46 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _GroupOffsetStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GroupOffsetStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GroupOffsetStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GROUP_OFFSET_STATUS_UNSPECIFIED: _GroupOffsetStatus.ValueType  # 0
+    """Not set."""
+    GROUP_OFFSET_STATUS_TRANSLATED: _GroupOffsetStatus.ValueType  # 1
+    """Every destination record before the destination offset comes from a
+    source record before the committed offset, and every one from it on from
+    a source record at or past it: the group reads nothing twice, skips nothing.
+    """
+    GROUP_OFFSET_STATUS_AHEAD_OF_REPLICATION: _GroupOffsetStatus.ValueType  # 2
+    """The group is past what is replicated: the destination offset follows the
+    last replicated record; records between it and the committed offset are
+    read again if they are replicated later.
+    """
+    GROUP_OFFSET_STATUS_NOT_REPLICATED: _GroupOffsetStatus.ValueType  # 3
+    """The flow has replicated nothing of the partition yet: no destination offset."""
+
+class GroupOffsetStatus(_GroupOffsetStatus, metaclass=_GroupOffsetStatusEnumTypeWrapper):
+    """GroupOffsetStatus tells how far a translated position can be trusted."""
+
+GROUP_OFFSET_STATUS_UNSPECIFIED: GroupOffsetStatus.ValueType  # 0
+"""Not set."""
+GROUP_OFFSET_STATUS_TRANSLATED: GroupOffsetStatus.ValueType  # 1
+"""Every destination record before the destination offset comes from a
+source record before the committed offset, and every one from it on from
+a source record at or past it: the group reads nothing twice, skips nothing.
+"""
+GROUP_OFFSET_STATUS_AHEAD_OF_REPLICATION: GroupOffsetStatus.ValueType  # 2
+"""The group is past what is replicated: the destination offset follows the
+last replicated record; records between it and the committed offset are
+read again if they are replicated later.
+"""
+GROUP_OFFSET_STATUS_NOT_REPLICATED: GroupOffsetStatus.ValueType  # 3
+"""The flow has replicated nothing of the partition yet: no destination offset."""
+Global___GroupOffsetStatus: _TypeAlias = GroupOffsetStatus  # noqa: Y015
 
 @_typing.final
 class ProtocolVersion(_message.Message):
@@ -1222,3 +1263,239 @@ class TranslateOffsetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TranslateOffsetsResponse: _TypeAlias = TranslateOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class GroupOffset(_message.Message):
+    """GroupOffset is a consumer group's committed offset of one partition: the
+    offset of the next record the group reads.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Topic."""
+    partition: _builtins.int
+    """Partition (>= 0)."""
+    offset: _builtins.int
+    """Committed offset (>= 0)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupOffset: _TypeAlias = GroupOffset  # noqa: Y015
+
+@_typing.final
+class GetGroupOffsetsRequest(_message.Message):
+    """GetGroupOffsetsRequest names the consumer group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGroupOffsetsRequest: _TypeAlias = GetGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class GetGroupOffsetsResponse(_message.Message):
+    """GetGroupOffsetsResponse holds the group's committed source offsets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id, as asked."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupOffset]:
+        """Committed offsets of the flow's source partitions the group has committed,
+        by topic and partition.
+        """
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___GroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGroupOffsetsResponse: _TypeAlias = GetGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class TranslateGroupOffsetsRequest(_message.Message):
+    """TranslateGroupOffsetsRequest carries a group's committed source offsets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    SOURCE_OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id."""
+    @_builtins.property
+    def source_offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupOffset]:
+        """Committed offsets on the source cluster (GetGroupOffsets)."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        source_offsets: _abc.Iterable[Global___GroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "source_offsets", b"source_offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranslateGroupOffsetsRequest: _TypeAlias = TranslateGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class TranslatedGroupOffset(_message.Message):
+    """TranslatedGroupOffset is one partition's source and destination position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REPLICATED_UP_TO_FIELD_NUMBER: _builtins.int
+    status: Global___GroupOffsetStatus.ValueType
+    """How the destination offset relates to the source's."""
+    replicated_up_to: _builtins.int
+    """Highest source offset of the partition replicated; -1 before the first."""
+    @_builtins.property
+    def source(self) -> Global___GroupOffset:
+        """The committed source offset, as given."""
+
+    @_builtins.property
+    def destination(self) -> Global___GroupOffset:
+        """Where the group resumes at the destination; unset when NOT_REPLICATED."""
+
+    def __init__(
+        self,
+        *,
+        source: Global___GroupOffset | None = ...,
+        destination: Global___GroupOffset | None = ...,
+        status: Global___GroupOffsetStatus.ValueType = ...,
+        replicated_up_to: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "replicated_up_to", b"replicated_up_to", "source", b"source", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranslatedGroupOffset: _TypeAlias = TranslatedGroupOffset  # noqa: Y015
+
+@_typing.final
+class TranslateGroupOffsetsResponse(_message.Message):
+    """TranslateGroupOffsetsResponse holds the translated positions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id, as asked."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___TranslatedGroupOffset]:
+        """One per source offset asked, in the order asked."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___TranslatedGroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranslateGroupOffsetsResponse: _TypeAlias = TranslateGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class CommitGroupOffsetsRequest(_message.Message):
+    """CommitGroupOffsetsRequest carries a group's committed source offsets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    SOURCE_OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id."""
+    @_builtins.property
+    def source_offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupOffset]:
+        """Committed offsets on the source cluster (GetGroupOffsets)."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        source_offsets: _abc.Iterable[Global___GroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "source_offsets", b"source_offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitGroupOffsetsRequest: _TypeAlias = CommitGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class CommitGroupOffsetsResponse(_message.Message):
+    """CommitGroupOffsetsResponse holds the positions committed at the destination."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id, as asked."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___TranslatedGroupOffset]:
+        """One per source offset asked, in the order asked; each destination offset
+        is committed for the group.
+        """
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___TranslatedGroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitGroupOffsetsResponse: _TypeAlias = CommitGroupOffsetsResponse  # noqa: Y015

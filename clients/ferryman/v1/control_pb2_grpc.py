@@ -124,6 +124,11 @@ class WrapperServiceStub:
                 request_serializer=ferryman_dot_v1_dot_control__pb2.GetWrapperStatusRequest.SerializeToString,
                 response_deserializer=ferryman_dot_v1_dot_control__pb2.GetWrapperStatusResponse.FromString,
                 _registered_method=True)
+        self.GetGroupOffsets = channel.unary_unary(
+                '/ferryman.v1.WrapperService/GetGroupOffsets',
+                request_serializer=ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class WrapperServiceServicer:
@@ -137,6 +142,15 @@ class WrapperServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetGroupOffsets(self, request, context):
+        """GetGroupOffsets reads a consumer group's committed offsets on the source
+        cluster, for the partitions of the topics the flow replicates (the first
+        step of moving the group's consumers to the destination).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WrapperServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +158,11 @@ def add_WrapperServiceServicer_to_server(servicer, server):
                     servicer.GetWrapperStatus,
                     request_deserializer=ferryman_dot_v1_dot_control__pb2.GetWrapperStatusRequest.FromString,
                     response_serializer=ferryman_dot_v1_dot_control__pb2.GetWrapperStatusResponse.SerializeToString,
+            ),
+            'GetGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGroupOffsets,
+                    request_deserializer=ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +203,33 @@ class WrapperService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def GetGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.WrapperService/GetGroupOffsets',
+            ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsRequest.SerializeToString,
+            ferryman_dot_v1_dot_control__pb2.GetGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class DeduperServiceStub:
     """DeduperService is served by the deduper for operators and tools.
@@ -204,6 +250,16 @@ class DeduperServiceStub:
                 '/ferryman.v1.DeduperService/TranslateOffsets',
                 request_serializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.SerializeToString,
                 response_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.FromString,
+                _registered_method=True)
+        self.TranslateGroupOffsets = channel.unary_unary(
+                '/ferryman.v1.DeduperService/TranslateGroupOffsets',
+                request_serializer=ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.CommitGroupOffsets = channel.unary_unary(
+                '/ferryman.v1.DeduperService/CommitGroupOffsets',
+                request_serializer=ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsResponse.FromString,
                 _registered_method=True)
 
 
@@ -228,6 +284,26 @@ class DeduperServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TranslateGroupOffsets(self, request, context):
+        """TranslateGroupOffsets turns a consumer group's committed source offsets
+        into the destination offsets where the group resumes, from the flow's
+        state and offset map. FAILED_PRECONDITION when the flow writes no offset
+        map.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitGroupOffsets(self, request, context):
+        """CommitGroupOffsets translates as TranslateGroupOffsets does and commits
+        the destination offsets for the group at the destination, to move its
+        consumers there. FAILED_PRECONDITION, with nothing committed, while the
+        group has members at the destination or a partition is not replicated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeduperServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +316,16 @@ def add_DeduperServiceServicer_to_server(servicer, server):
                     servicer.TranslateOffsets,
                     request_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.FromString,
                     response_serializer=ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.SerializeToString,
+            ),
+            'TranslateGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.TranslateGroupOffsets,
+                    request_deserializer=ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsResponse.SerializeToString,
+            ),
+            'CommitGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitGroupOffsets,
+                    request_deserializer=ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -297,6 +383,60 @@ class DeduperService:
             '/ferryman.v1.DeduperService/TranslateOffsets',
             ferryman_dot_v1_dot_control__pb2.TranslateOffsetsRequest.SerializeToString,
             ferryman_dot_v1_dot_control__pb2.TranslateOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TranslateGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.DeduperService/TranslateGroupOffsets',
+            ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsRequest.SerializeToString,
+            ferryman_dot_v1_dot_control__pb2.TranslateGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.DeduperService/CommitGroupOffsets',
+            ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsRequest.SerializeToString,
+            ferryman_dot_v1_dot_control__pb2.CommitGroupOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

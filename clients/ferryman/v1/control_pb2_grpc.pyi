@@ -84,6 +84,11 @@ class WrapperServiceStub:
     def __new__(cls, channel: _aio.Channel) -> WrapperServiceAsyncStub: ...
     GetWrapperStatus: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetWrapperStatusRequest, _control_pb2.GetWrapperStatusResponse]
     """GetWrapperStatus reports what the wrapper is doing."""
+    GetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetGroupOffsetsRequest, _control_pb2.GetGroupOffsetsResponse]
+    """GetGroupOffsets reads a consumer group's committed offsets on the source
+    cluster, for the partitions of the topics the flow replicates (the first
+    step of moving the group's consumers to the destination).
+    """
 
 @_typing.type_check_only
 class WrapperServiceAsyncStub(WrapperServiceStub):
@@ -92,6 +97,11 @@ class WrapperServiceAsyncStub(WrapperServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetWrapperStatus: _aio.UnaryUnaryMultiCallable[_control_pb2.GetWrapperStatusRequest, _control_pb2.GetWrapperStatusResponse]  # type: ignore[assignment]
     """GetWrapperStatus reports what the wrapper is doing."""
+    GetGroupOffsets: _aio.UnaryUnaryMultiCallable[_control_pb2.GetGroupOffsetsRequest, _control_pb2.GetGroupOffsetsResponse]  # type: ignore[assignment]
+    """GetGroupOffsets reads a consumer group's committed offsets on the source
+    cluster, for the partitions of the topics the flow replicates (the first
+    step of moving the group's consumers to the destination).
+    """
 
 class WrapperServiceServicer(metaclass=_abc_1.ABCMeta):
     """WrapperService is served by the wrapper for operators and tools."""
@@ -103,6 +113,17 @@ class WrapperServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.GetWrapperStatusResponse, _abc.Awaitable[_control_pb2.GetWrapperStatusResponse]]:
         """GetWrapperStatus reports what the wrapper is doing."""
+
+    @_abc_1.abstractmethod
+    def GetGroupOffsets(
+        self,
+        request: _control_pb2.GetGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.GetGroupOffsetsResponse, _abc.Awaitable[_control_pb2.GetGroupOffsetsResponse]]:
+        """GetGroupOffsets reads a consumer group's committed offsets on the source
+        cluster, for the partitions of the topics the flow replicates (the first
+        step of moving the group's consumers to the destination).
+        """
 
 def add_WrapperServiceServicer_to_server(servicer: WrapperServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -121,6 +142,18 @@ class DeduperServiceStub:
     the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
     when the flow writes no offset map (emit_offset_mappings off).
     """
+    TranslateGroupOffsets: _grpc.UnaryUnaryMultiCallable[_control_pb2.TranslateGroupOffsetsRequest, _control_pb2.TranslateGroupOffsetsResponse]
+    """TranslateGroupOffsets turns a consumer group's committed source offsets
+    into the destination offsets where the group resumes, from the flow's
+    state and offset map. FAILED_PRECONDITION when the flow writes no offset
+    map.
+    """
+    CommitGroupOffsets: _grpc.UnaryUnaryMultiCallable[_control_pb2.CommitGroupOffsetsRequest, _control_pb2.CommitGroupOffsetsResponse]
+    """CommitGroupOffsets translates as TranslateGroupOffsets does and commits
+    the destination offsets for the group at the destination, to move its
+    consumers there. FAILED_PRECONDITION, with nothing committed, while the
+    group has members at the destination or a partition is not replicated.
+    """
 
 @_typing.type_check_only
 class DeduperServiceAsyncStub(DeduperServiceStub):
@@ -134,6 +167,18 @@ class DeduperServiceAsyncStub(DeduperServiceStub):
     the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
     the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
     when the flow writes no offset map (emit_offset_mappings off).
+    """
+    TranslateGroupOffsets: _aio.UnaryUnaryMultiCallable[_control_pb2.TranslateGroupOffsetsRequest, _control_pb2.TranslateGroupOffsetsResponse]  # type: ignore[assignment]
+    """TranslateGroupOffsets turns a consumer group's committed source offsets
+    into the destination offsets where the group resumes, from the flow's
+    state and offset map. FAILED_PRECONDITION when the flow writes no offset
+    map.
+    """
+    CommitGroupOffsets: _aio.UnaryUnaryMultiCallable[_control_pb2.CommitGroupOffsetsRequest, _control_pb2.CommitGroupOffsetsResponse]  # type: ignore[assignment]
+    """CommitGroupOffsets translates as TranslateGroupOffsets does and commits
+    the destination offsets for the group at the destination, to move its
+    consumers there. FAILED_PRECONDITION, with nothing committed, while the
+    group has members at the destination or a partition is not replicated.
     """
 
 class DeduperServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -157,6 +202,30 @@ class DeduperServiceServicer(metaclass=_abc_1.ABCMeta):
         the flow's offset map (ferryman.<flow>.offset-map.internal). NOT_FOUND when
         the position is not (yet) replicated or has no mapping; FAILED_PRECONDITION
         when the flow writes no offset map (emit_offset_mappings off).
+        """
+
+    @_abc_1.abstractmethod
+    def TranslateGroupOffsets(
+        self,
+        request: _control_pb2.TranslateGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.TranslateGroupOffsetsResponse, _abc.Awaitable[_control_pb2.TranslateGroupOffsetsResponse]]:
+        """TranslateGroupOffsets turns a consumer group's committed source offsets
+        into the destination offsets where the group resumes, from the flow's
+        state and offset map. FAILED_PRECONDITION when the flow writes no offset
+        map.
+        """
+
+    @_abc_1.abstractmethod
+    def CommitGroupOffsets(
+        self,
+        request: _control_pb2.CommitGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.CommitGroupOffsetsResponse, _abc.Awaitable[_control_pb2.CommitGroupOffsetsResponse]]:
+        """CommitGroupOffsets translates as TranslateGroupOffsets does and commits
+        the destination offsets for the group at the destination, to move its
+        consumers there. FAILED_PRECONDITION, with nothing committed, while the
+        group has members at the destination or a partition is not replicated.
         """
 
 def add_DeduperServiceServicer_to_server(servicer: DeduperServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

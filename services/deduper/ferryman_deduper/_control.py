@@ -30,6 +30,7 @@ from ferryman_deduper._datapath import PartitionCounters
 from ferryman_deduper._decide import PartitionState
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._translate import MAX_BUDGET_S, OffsetTranslator
+from ferryman_deduper._translate_group import GroupTranslator
 
 _log = logging.getLogger(__name__)
 
@@ -255,9 +256,11 @@ class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
         self,
         status: Callable[[], control_pb2.GetDeduperStatusResponse],
         translator: OffsetTranslator | None = None,
+        groups: GroupTranslator | None = None,
     ) -> None:
         self._status = status
         self._translator = translator
+        self._groups = groups
 
     def GetDeduperStatus(  # noqa: N802 (gRPC method name)
         self, request: control_pb2.GetDeduperStatusRequest, context: grpc.ServicerContext
@@ -272,6 +275,23 @@ class DeduperStatusServicer(control_pb2_grpc.DeduperServiceServicer):
         if self._translator is None:
             raise PreconditionError("this deduper has not reached its destination cluster yet")
         return self._translator.translate(request, call_deadline(context).cap(MAX_BUDGET_S))
+
+    def TranslateGroupOffsets(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.TranslateGroupOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.TranslateGroupOffsetsResponse:
+        """Where a consumer group resumes at the destination (`GroupTranslator`)."""
+        return self._group_translator().translate(request, call_deadline(context).cap(MAX_BUDGET_S))
+
+    def CommitGroupOffsets(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.CommitGroupOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.CommitGroupOffsetsResponse:
+        """Translate a consumer group's offsets and commit them at the destination (`GroupTranslator`)."""
+        return self._group_translator().commit(request, call_deadline(context).cap(MAX_BUDGET_S))
+
+    def _group_translator(self) -> GroupTranslator:
+        if self._groups is None:
+            raise PreconditionError("this deduper has not reached its destination cluster yet")
+        return self._groups
 
 
 def lag_seconds(lag: int, written_timestamp_ms: int, now_ms: float) -> float:

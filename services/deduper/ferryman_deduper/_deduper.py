@@ -68,6 +68,7 @@ from ferryman_deduper._quarantine import Quarantine
 from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Transaction
 from ferryman_deduper._translate import OffsetTranslator
+from ferryman_deduper._translate_group import GroupTranslator
 
 _log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ class Deduper:
             register=[
                 lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self._hub), s),  # type: ignore[arg-type]
                 lambda s: control_pb2_grpc.add_DeduperServiceServicer_to_server(
-                    DeduperStatusServicer(self.status, self._translator()), s
+                    DeduperStatusServicer(self.status, self._translator(), self._group_translator()), s
                 ),
                 lambda s: flows_pb2_grpc.add_FlowServiceServicer_to_server(
                     FlowServicer(self._registry, storing=lambda: None if self._flow_stored else self._flow.name), s
@@ -298,6 +299,14 @@ class Deduper:
             staging_partitions=self._flow.staging_partitions,
             emits_offset_map=self._flow.emit_offset_mappings,
             committed_watermark=committed,
+        )
+
+    def _group_translator(self) -> GroupTranslator:
+        return GroupTranslator(
+            consumer_config=lambda: self._client_conf("translate"),
+            names=self._names,
+            staging_partitions=self._flow.staging_partitions,
+            emits_offset_map=self._flow.emit_offset_mappings,
         )
 
     @property

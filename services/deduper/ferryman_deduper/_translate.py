@@ -98,50 +98,73 @@ class OffsetTranslator:
         )
 
     def _find(self, key: PartitionKey, offset: int, deadline: float) -> state_pb2.OffsetMapping | None:
-        topic = self._names.offset_map_topic
-        partition = envelope.staging_partition(key.topic, key.partition, self._n)
         prefix = f"{key.topic}/{key.partition}/".encode()
-        conf = {
-            **self._consumer_config(),
-            "group.id": "ferryman-translate",  # never joined nor committed: assign() only
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-        consumer = Consumer(conf)
-        try:
-            low, high = watermark_offsets(consumer, topic, partition, budget_s=max(deadline - time.monotonic(), 0.1))
-            if high <= low:
-                return None
-            consumer.assign([TopicPartition(topic, partition, low)])
-            while time.monotonic() < deadline:
-                for msg in consumer.consume(_BATCH, timeout=min(0.5, max(deadline - time.monotonic(), 0.0))):
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise KafkaOperationError(f"reading {topic} [{partition}]", KafkaException(error))
-                    done, found = _match(msg.key(), msg.value(), prefix, offset)
-                    if done:
-                        return found
-                    if (msg.offset() or 0) >= high - 1:
-                        return None
-                position = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if position >= high:
-                    return None
-            raise KafkaOperationError(
-                f"reading {topic} [{partition}]", TimeoutError("the offset map was not read within the deadline")
-            )
-        except KafkaException as exc:
-            raise KafkaOperationError(f"reading {topic} [{partition}]", exc) from exc
-        finally:
-            consumer.close()
+        found: list[state_pb2.OffsetMapping] = []
+
+        def visit(k: bytes, value: bytes) -> bool:
+            done, mapping = _match(k, value, prefix, offset)
+            if mapping is not None:
+                found.append(mapping)
+            return done
+
+        partition = envelope.staging_partition(key.topic, key.partition, self._n)
+        scan_offset_map(self._consumer_config, self._names.offset_map_topic, partition, deadline, visit)
+        return found[0] if found else None
 
 
-def _match(
-    key: bytes | None, value: bytes | None, prefix: bytes, offset: int
-) -> tuple[bool, state_pb2.OffsetMapping | None]:
+def scan_offset_map(
+    consumer_config: Callable[[], dict[str, object]],
+    topic: str,
+    partition: int,
+    deadline: float,
+    visit: Callable[[bytes, bytes], bool],
+) -> None:
+    """Read one offset-map partition ``read_committed`` from its start, handing each record to visit.
+
+    Stops when visit returns True or at the partition's end (its last stable offset when the read starts).
+
+    Raises:
+        KafkaOperationError: the partition could not be read to that point before deadline (monotonic).
+    """
+    conf = {
+        **consumer_config(),
+        "group.id": "ferryman-translate",  # never joined nor committed: assign() only
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    }
+    consumer = Consumer(conf)
+    try:
+        low, high = watermark_offsets(consumer, topic, partition, budget_s=max(deadline - time.monotonic(), 0.1))
+        if high <= low:
+            return
+        consumer.assign([TopicPartition(topic, partition, low)])
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(_BATCH, timeout=min(0.5, max(deadline - time.monotonic(), 0.0))):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaOperationError(f"reading {topic} [{partition}]", KafkaException(error))
+                key, value = msg.key(), msg.value()
+                if key is not None and value is not None and visit(key, value):
+                    return
+                if (msg.offset() or 0) >= high - 1:
+                    return
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if position >= high:
+                return
+        raise KafkaOperationError(
+            f"reading {topic} [{partition}]", TimeoutError("the offset map was not read within the deadline")
+        )
+    except KafkaException as exc:
+        raise KafkaOperationError(f"reading {topic} [{partition}]", exc) from exc
+    finally:
+        consumer.close()
+
+
+def _match(key: bytes, value: bytes, prefix: bytes, offset: int) -> tuple[bool, state_pb2.OffsetMapping | None]:
     """(True, the mapping holding offset), (True, None) when no later record can hold it, (False, None) to read on."""
-    if key is None or value is None or not key.startswith(prefix):
+    if not key.startswith(prefix):
         return False, None
     first = key[len(prefix) :]
     if not first.isdigit():

@@ -10,26 +10,41 @@ from collections.abc import Callable
 
 import grpc
 from ferryman.config import FlowConfig
+from ferryman.errors import PreconditionError
 from ferryman.health import ClusterHealth
+from ferryman.rpc import call_deadline
 from ferryman.status import package_version
 from ferryman.v1 import control_pb2, control_pb2_grpc
 
 from ferryman_wrapper._clients import LoopClients
 from ferryman_wrapper._datapath import DataPath
+from ferryman_wrapper._group_offsets import MAX_BUDGET_S as GROUP_BUDGET_S
+from ferryman_wrapper._group_offsets import SourceGroupOffsets
 from ferryman_wrapper._links import DeduperLinks
 
 
 class WrapperStatusServicer(control_pb2_grpc.WrapperServiceServicer):
     """``ferryman.v1.WrapperService``: status for operators and tools."""
 
-    def __init__(self, status: Callable[[], control_pb2.GetWrapperStatusResponse]) -> None:
+    def __init__(
+        self, status: Callable[[], control_pb2.GetWrapperStatusResponse], groups: SourceGroupOffsets | None = None
+    ) -> None:
         self._status = status
+        self._groups = groups
 
     def GetWrapperStatus(  # noqa: N802 (gRPC method name)
         self, request: control_pb2.GetWrapperStatusRequest, context: grpc.ServicerContext
     ) -> control_pb2.GetWrapperStatusResponse:
         """Snapshot of counters, pause state and partition progress."""
         return self._status()
+
+    def GetGroupOffsets(  # noqa: N802 (gRPC method name)
+        self, request: control_pb2.GetGroupOffsetsRequest, context: grpc.ServicerContext
+    ) -> control_pb2.GetGroupOffsetsResponse:
+        """A consumer group's committed offsets of the flow's source topics (`SourceGroupOffsets`)."""
+        if self._groups is None:
+            raise PreconditionError("this wrapper does not read group offsets")
+        return self._groups.read(request, call_deadline(context).cap(GROUP_BUDGET_S))
 
 
 class WrapperStatus:

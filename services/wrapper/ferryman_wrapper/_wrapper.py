@@ -60,6 +60,7 @@ from ferryman_wrapper._clients import LoopClients, StepRecovery
 from ferryman_wrapper._commits import SourceCommits
 from ferryman_wrapper._datapath import DataPath
 from ferryman_wrapper._envelopes import batch_flags
+from ferryman_wrapper._group_offsets import SourceGroupOffsets
 from ferryman_wrapper._links import DeduperLinks
 from ferryman_wrapper._specs import SourceView, SpecPublisher
 from ferryman_wrapper._staging import StagingTopics
@@ -259,7 +260,15 @@ class Wrapper:
             listen_address=self._listen_address,
             rpc=self._config.rpc,
             register=[
-                lambda s: control_pb2_grpc.add_WrapperServiceServicer_to_server(WrapperStatusServicer(self.status), s)
+                lambda s: control_pb2_grpc.add_WrapperServiceServicer_to_server(
+                    WrapperStatusServicer(
+                        self.status,
+                        SourceGroupOffsets(
+                            lambda: base_config(self._source, f"{self.wrapper_id}-groups"), lambda: self._flow
+                        ),
+                    ),
+                    s,
+                )
             ],
             service_names=[_SERVICE_NAME],
             tracer_provider=self._tracing.provider if self._tracing is not None else None,
