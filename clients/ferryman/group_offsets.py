@@ -77,6 +77,61 @@ def read_group_offsets(
     return out
 
 
+#: How far before a committed offset its last record is looked for: past a transaction's marker and a few
+#: aborted records. Not found within it, the caller takes offset - 1.
+LOOKBACK = 64
+
+
+def last_records_below(
+    conf: Mapping[str, Any], positions: Mapping[Position, int], budget_s: float
+) -> dict[Position, int]:
+    """The offset of the last record before each position, as a read_committed reader sees the partition.
+
+    A group's committed offset can stand past transaction markers (a Java consumer at the end of a
+    transactional partition commits the offset after the marker), so "offset - 1" is not always a record.
+    Partitions not read to their position within budget_s (or with no record in the `LOOKBACK` offsets
+    before it) are left out: a refinement, never a failure.
+    """
+    wanted = {pos: offset for pos, offset in positions.items() if offset > 0}
+    if not wanted:
+        return {}
+    deadline = time.monotonic() + max(budget_s, 0.1)
+    found: dict[Position, int] = {}
+    done: set[Position] = set()
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": "ferryman-group-offsets",  # assign() only: never joined nor committed
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",  # a look-back below the log start reads from the start
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(t, p, max(o - LOOKBACK, 0)) for (t, p), o in sorted(wanted.items())])
+        while len(done) < len(wanted) and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=min(0.2, max(deadline - time.monotonic(), 0.0))):
+                pos = (str(msg.topic()), int(msg.partition() or 0))
+                if pos not in wanted or pos in done:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        done.add(pos)
+                    continue
+                offset = int(msg.offset() or 0)
+                if offset >= wanted[pos]:
+                    done.add(pos)
+                else:
+                    found[pos] = offset
+    except KafkaException:
+        pass  # a refinement: what was read to its end stands
+    finally:
+        consumer.close()
+    return {pos: offset for pos, offset in found.items() if pos in done}
+
+
 def commit_group_offsets(conf: Mapping[str, Any], group: str, offsets: Mapping[Position, int], budget_s: float) -> None:
     """Commit offsets for the group, which must have no members on that cluster.
 

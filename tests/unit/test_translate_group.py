@@ -7,6 +7,8 @@ partition's mappings as the deduper writes them and checks that contract against
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from ferryman.errors import InvalidRequestError
 from ferryman.state import offset_mapping
@@ -18,6 +20,7 @@ from ferryman_deduper._translate_group import (
     MapLookup,
     _validate,
     _visit,
+    last_read,
     lookup_for,
     resolve,
 )
@@ -37,9 +40,9 @@ def _state(watermark: int, dest: int) -> state_pb2.WatermarkState:
     return state_pb2.WatermarkState(watermark=watermark, destination_offset=dest, destination_topic="src.t")
 
 
-def _lookup(committed: int, state: state_pb2.WatermarkState) -> MapLookup | None:
+def _lookup(read: int, state: state_pb2.WatermarkState) -> MapLookup | None:
     """The lookup the translator makes, fed the mappings as its scan would."""
-    lookup = lookup_for(committed, state)
+    lookup = lookup_for(read, state)
     for m in MAPPINGS:
         if lookup is None or lookup.done:
             break
@@ -50,7 +53,7 @@ def _lookup(committed: int, state: state_pb2.WatermarkState) -> MapLookup | None
 @pytest.mark.parametrize("committed", range(20))
 def test_a_translated_offset_splits_the_copies_exactly_where_the_group_stopped(committed: int) -> None:
     state = _state(18, COPIES[18])
-    status, offset = resolve(committed, state, _lookup(committed, state))
+    status, offset = resolve(committed - 1, state, _lookup(committed - 1, state))
     assert status == TRANSLATED
     for source, dest in COPIES.items():
         assert (dest < offset) == (source < committed), (source, dest, offset)
@@ -58,29 +61,39 @@ def test_a_translated_offset_splits_the_copies_exactly_where_the_group_stopped(c
 
 def test_a_group_at_the_watermark_needs_no_offset_map() -> None:
     state = _state(18, 16)
-    assert lookup_for(19, state) is None
-    assert resolve(19, state, None) == (TRANSLATED, 17)
-    assert lookup_for(18, state) is not None
+    assert lookup_for(18, state) is None
+    assert resolve(18, state, None) == (TRANSLATED, 17)
+    assert lookup_for(17, state) is not None
 
 
 def test_a_group_past_replication_resumes_after_the_last_copy_and_says_so() -> None:
     state = _state(9, 9)
-    assert resolve(13, state, None) == (AHEAD, 10)
+    assert resolve(12, state, None) == (AHEAD, 10)
     unknown_dest = _state(9, -1)  # the state names no destination offset: the map does
-    assert resolve(13, unknown_dest, _lookup(13, unknown_dest)) == (AHEAD, 10)
+    assert resolve(12, unknown_dest, _lookup(12, unknown_dest)) == (AHEAD, 10)
+
+
+def test_a_group_past_only_transaction_markers_is_translated_by_its_last_record() -> None:
+    """A Java consumer at a transactional partition's end commits past the marker: 16 with 15 a marker."""
+    source = control_pb2.GroupOffset(topic="t", partition=0, offset=16)
+    assert last_read(source) == 15  # the wrapper could not tell: ahead, and the offset is right anyway
+    assert resolve(last_read(source), _state(14, 13), None) == (AHEAD, 14)
+    source.last_record_offset = 14
+    assert last_read(source) == 14
+    assert resolve(last_read(source), _state(14, 13), None) == (TRANSLATED, 14)
 
 
 def test_a_group_before_the_flows_first_record_starts_at_that_record() -> None:
     lookup = MapLookup(-1)
     lookup.visit(_mapping(40, [100, 101]))
     assert lookup.done and lookup.below is None
-    assert resolve(0, _state(101, 41), lookup) == (TRANSLATED, 40)
+    assert resolve(-1, _state(101, 41), lookup) == (TRANSLATED, 40)
 
 
 def test_a_partition_without_state_or_mappings_is_not_replicated() -> None:
-    assert resolve(5, None, None) == (NOT_REPLICATED, -1)
-    assert resolve(5, _state(-1, -1), None) == (NOT_REPLICATED, -1)
-    assert resolve(5, _state(9, 9), MapLookup(4)) == (NOT_REPLICATED, -1)
+    assert resolve(4, None, None) == (NOT_REPLICATED, -1)
+    assert resolve(4, _state(-1, -1), None) == (NOT_REPLICATED, -1)
+    assert resolve(4, _state(9, 9), MapLookup(4)) == (NOT_REPLICATED, -1)
 
 
 def test_the_scan_feeds_each_partitions_lookup_and_stops_once_all_are_done() -> None:
@@ -102,10 +115,17 @@ def test_the_scan_feeds_each_partitions_lookup_and_stops_once_all_are_done() -> 
         ("g", [("t", 0, 1), ("t", -1, 1)], "source_offsets[1].partition"),
         ("g", [("t", 0, -2)], "source_offsets[0].offset"),
         ("g", [("t", 0, 1), ("t", 0, 2)], "source_offsets[1]"),
+        ("g", [("t", 0, 5, 5)], "source_offsets[0].last_record_offset"),
+        ("g", [("t", 0, 5, -2)], "source_offsets[0].last_record_offset"),
     ],
 )
-def test_bad_requests_name_the_field(group: str, offsets: list[tuple[str, int, int]], field: str) -> None:
-    source_offsets = [control_pb2.GroupOffset(topic=t, partition=p, offset=o) for t, p, o in offsets]
+def test_bad_requests_name_the_field(group: str, offsets: list[tuple[Any, ...]], field: str) -> None:
+    source_offsets = [
+        control_pb2.GroupOffset(
+            topic=o[0], partition=o[1], offset=o[2], last_record_offset=o[3] if len(o) > 3 else None
+        )
+        for o in offsets
+    ]
     with pytest.raises(InvalidRequestError) as raised:
         _validate(group, source_offsets)
     assert raised.value.field == field

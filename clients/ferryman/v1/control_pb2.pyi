@@ -1275,24 +1275,33 @@ class GroupOffset(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_RECORD_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """Topic."""
     partition: _builtins.int
     """Partition (>= 0)."""
     offset: _builtins.int
     """Committed offset (>= 0)."""
+    last_record_offset: _builtins.int
+    """Source positions only: offset of the last record before offset, as a
+    read_committed reader sees it (transaction markers and aborted records
+    are not records). Unset when not known: offset - 1 is taken.
+    """
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         partition: _builtins.int = ...,
         offset: _builtins.int = ...,
+        last_record_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_record_offset", b"_last_record_offset", "last_record_offset", b"last_record_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_record_offset", b"_last_record_offset", "last_record_offset", b"last_record_offset", "offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__last_record_offset: _TypeAlias = _typing.Literal["last_record_offset"]  # noqa: Y015
+    _WhichOneofArgType__last_record_offset: _TypeAlias = _typing.Literal["_last_record_offset", b"_last_record_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_record_offset) -> _WhichOneofReturnType__last_record_offset | None: ...
 
 Global___GroupOffset: _TypeAlias = GroupOffset  # noqa: Y015
 

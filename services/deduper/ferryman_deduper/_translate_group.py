@@ -1,7 +1,9 @@
 """``DeduperService.TranslateGroupOffsets``: where a consumer group resumes at the destination.
 
-A group's committed offset O at the source is the next record it reads: it has read every record before O.
-At the destination it resumes right after the destination copy of the last replicated record before O, so
+A group's committed offset O at the source is the next record it reads: it has read every record before O
+(the last of them, R, is at O - 1 unless transaction markers lie between: the wrapper then says where, as
+``last_record_offset``). At the destination it resumes right after the copy of the last replicated record up
+to R, so
 that every destination record before the translated offset comes from a source record before O and every one
 from it on from a source record at or past O (`resolve` says this once, for the unit tests).
 
@@ -60,27 +62,31 @@ class MapLookup:
         self.below = mapping.first_destination_offset + index
 
 
-def resolve(committed: int, state: state_pb2.WatermarkState | None, lookup: MapLookup | None) -> tuple[Status, int]:
-    """(status, destination offset; -1 when NOT_REPLICATED) of a group's committed source offset.
+def last_read(source: control_pb2.GroupOffset) -> int:
+    """The offset of the last record the group read: the wrapper's ``last_record_offset``, else offset - 1."""
+    return source.last_record_offset if source.HasField("last_record_offset") else source.offset - 1
 
-    state: the flow's committed state of the partition. lookup: the offset map below ``committed - 1``,
-    needed only when the group is behind the watermark (``lookup_for``).
+
+def resolve(read: int, state: state_pb2.WatermarkState | None, lookup: MapLookup | None) -> tuple[Status, int]:
+    """(status, destination offset; -1 when NOT_REPLICATED) after the group's last record read, read.
+
+    state: the flow's committed state of the partition. lookup: the offset map up to read, needed only when
+    the group is behind the watermark (``lookup_for``).
     """
     if state is None or state.watermark < 0:
         return NOT_REPLICATED, -1
-    last_read = committed - 1
-    if last_read >= state.watermark and state.destination_offset >= 0:
-        return (TRANSLATED if last_read == state.watermark else AHEAD), state.destination_offset + 1
+    if read >= state.watermark and state.destination_offset >= 0:
+        return (TRANSLATED if read == state.watermark else AHEAD), state.destination_offset + 1
     if lookup is None:
         return NOT_REPLICATED, -1
     if lookup.below is not None:
-        return (TRANSLATED if last_read <= state.watermark else AHEAD), lookup.below + 1
+        return (TRANSLATED if read <= state.watermark else AHEAD), lookup.below + 1
     if lookup.first is not None:
         return TRANSLATED, lookup.first  # nothing the group read was replicated: from the flow's first record
     return NOT_REPLICATED, -1
 
 
-def lookup_for(committed: int, state: state_pb2.WatermarkState | None) -> MapLookup | None:
+def lookup_for(read: int, state: state_pb2.WatermarkState | None) -> MapLookup | None:
     """The offset-map lookup resolve needs for this partition, or None when the state answers alone.
 
     Its target is the last record the group read, or the watermark when the group is past it: the state was
@@ -88,9 +94,9 @@ def lookup_for(committed: int, state: state_pb2.WatermarkState | None) -> MapLoo
     """
     if state is None or state.watermark < 0:
         return None
-    if committed - 1 >= state.watermark and state.destination_offset >= 0:
+    if read >= state.watermark and state.destination_offset >= 0:
         return None
-    return MapLookup(min(committed - 1, state.watermark))
+    return MapLookup(min(read, state.watermark))
 
 
 class GroupTranslator:
@@ -169,14 +175,14 @@ class GroupTranslator:
         lookups = {
             key: lookup
             for key, o in zip(keys, source_offsets, strict=True)
-            if (lookup := lookup_for(o.offset, states.get(key))) is not None
+            if (lookup := lookup_for(last_read(o), states.get(key))) is not None
         }
         self._read_map(lookups, deadline)
         rows: list[control_pb2.TranslatedGroupOffset] = []
         commits: dict[tuple[str, int], int] = {}
         for key, source in zip(keys, source_offsets, strict=True):
             state = states.get(key)
-            status, offset = resolve(source.offset, state, lookups.get(key))
+            status, offset = resolve(last_read(source), state, lookups.get(key))
             row = control_pb2.TranslatedGroupOffset(
                 source=source, status=status, replicated_up_to=state.watermark if state is not None else -1
             )
@@ -228,6 +234,10 @@ def _validate(group: str, source_offsets: Sequence[control_pb2.GroupOffset]) -> 
             raise InvalidRequestError(f"{where}.partition", f"must be >= 0, not {o.partition}")
         if o.offset < 0:
             raise InvalidRequestError(f"{where}.offset", f"must be >= 0, not {o.offset}")
+        if o.HasField("last_record_offset") and not -1 <= o.last_record_offset < o.offset:
+            raise InvalidRequestError(
+                f"{where}.last_record_offset", f"must be below offset ({o.offset}), not {o.last_record_offset}"
+            )
         if (o.topic, o.partition) in seen:
             raise InvalidRequestError(f"{where}", f"{o.topic} [{o.partition}] is given twice")
         seen.add((o.topic, o.partition))

@@ -6,12 +6,13 @@ wrapper is the side that reaches the source; the deduper translates (``Translate
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ferryman.config import FlowConfig
 from ferryman.errors import InvalidRequestError
-from ferryman.group_offsets import read_group_offsets
+from ferryman.group_offsets import last_records_below, read_group_offsets
 from ferryman.naming import TopicFilter
 from ferryman.v1 import control_pb2
 
@@ -36,11 +37,17 @@ class SourceGroupOffsets:
         """
         if not request.group:
             raise InvalidRequestError("group", "must name a consumer group")
+        deadline = time.monotonic() + min(max(budget_s, 0.1), MAX_BUDGET_S)
         chosen = TopicFilter.of(self._flow())
         offsets = read_group_offsets(
-            self._consumer_config(), request.group, chosen.matches, min(max(budget_s, 0.1), MAX_BUDGET_S)
+            self._consumer_config(), request.group, chosen.matches, deadline - time.monotonic()
         )
+        # Offsets past transaction markers: the deduper then knows which record the group read last.
+        last = last_records_below(self._consumer_config(), offsets, deadline - time.monotonic())
         return control_pb2.GetGroupOffsetsResponse(
             group=request.group,
-            offsets=[control_pb2.GroupOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(offsets.items())],
+            offsets=[
+                control_pb2.GroupOffset(topic=t, partition=p, offset=o, last_record_offset=last.get((t, p)))
+                for (t, p), o in sorted(offsets.items())
+            ],
         )
