@@ -21,6 +21,14 @@ from tests.helpers.kafka import KafkaCluster
 BIN = Path(sys.executable).parent
 
 
+def ferryman_cli(*args: str, env: Mapping[str, str], timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
+    """The ``ferryman`` CLI as a user runs it: args, env over an environment without the runner's FERRYMAN_*."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")} | dict(env)
+    return subprocess.run(
+        [str(BIN / "ferryman"), *args], capture_output=True, text=True, timeout=timeout_s, env=environ, check=False
+    )
+
+
 def write_config(path: Path, data: Mapping[str, Any]) -> Path:
     """Write a YAML Ferryman configuration and return its path."""
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False))

@@ -11,9 +11,6 @@ past its last marker, as a Java consumer at the end does: the wrapper finds the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,19 +20,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.helpers.grpc_clients import start_linked_pair
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.services import ferryman_cli
 
 pytestmark = pytest.mark.integration
 
-FERRYMAN = Path(sys.executable).parent / "ferryman"
 PER_PARTITION = 120
 #: Records the group reads of partition 0 at the source before it moves (all of partition 1).
 READ_OF_0 = 70
 START_TIMEOUT_S = 90.0
-
-
-def _cli(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")} | dict(env)
-    return subprocess.run([str(FERRYMAN), *args], capture_output=True, text=True, timeout=90, env=environ, check=False)
 
 
 def _consume_at_source(
@@ -129,7 +121,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
         at_deduper = {"FERRYMAN_SERVER": pair.deduper_address, "FERRYMAN_SOURCE_SERVER": pair.wrapper_address}
 
         def translated() -> dict[str, object] | None:
-            result = _cli("offsets", "translate-group", group, "-o", "json", env=at_deduper)
+            result = ferryman_cli("offsets", "translate-group", group, "-o", "json", env=at_deduper)
             assert result.returncode == 0, result.stderr
             data: dict[str, object] = json.loads(result.stdout)
             rows = data["partitions"]
@@ -149,7 +141,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
         try:
             member.subscribe([destination_topic])
             wait_until(lambda: member.poll(0.2) is None and member.assignment(), 60, message="member assigned")
-            refused = _cli("offsets", "translate-group", group, "--commit", env=at_deduper)
+            refused = ferryman_cli("offsets", "translate-group", group, "--commit", env=at_deduper)
             assert refused.returncode == 9, (refused.returncode, refused.stderr)
             assert "has members at the destination" in refused.stderr and "Traceback" not in refused.stderr
         finally:
@@ -161,7 +153,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
         finally:
             check.close()
 
-        done = _cli("offsets", "translate-group", group, "--commit", "-o", "json", env=at_deduper)
+        done = ferryman_cli("offsets", "translate-group", group, "--commit", "-o", "json", env=at_deduper)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["committed"] is True
 
@@ -172,7 +164,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
             moved.close()
         assert got == {0: values[0][READ_OF_0:]}  # partition 1 was read to its end at the source
 
-        unknown = _cli("offsets", "translate-group", unique_name("idle"), env=at_deduper)
+        unknown = ferryman_cli("offsets", "translate-group", unique_name("idle"), env=at_deduper)
         assert unknown.returncode == 7 and "no committed offsets" in unknown.stderr, unknown.stderr
     finally:
         pair.stop()

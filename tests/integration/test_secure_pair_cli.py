@@ -24,6 +24,7 @@ from ferryman.topics import watermark_offsets
 from tests.helpers.certs import make_pki
 from tests.helpers.grpc_clients import ControlStream, hello, start_linked_pair
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
+from tests.helpers.services import ferryman_cli
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +34,6 @@ VIEWER_TOKEN = "viewer-secret-42"
 PER_PARTITION = 150
 #: Cold start of both services on a busy shared machine, then replication of a few hundred records.
 START_TIMEOUT_S = 90.0
-
-
-def _cli(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")} | dict(env)
-    return subprocess.run([str(FERRYMAN), *args], capture_output=True, text=True, timeout=90, env=environ, check=False)
 
 
 def _cli_all(*calls: tuple[tuple[str, ...], Mapping[str, str]]) -> list[subprocess.CompletedProcess[str]]:
@@ -124,7 +120,7 @@ def test_status_lag_and_translation_over_mutual_tls_match_the_clusters(
         at_wrapper = viewer | {"FERRYMAN_SERVER": pair.wrapper_address}
 
         def deduper_caught_up() -> dict[str, object] | None:
-            result = _cli("lag", "-o", "json", env=at_deduper)
+            result = ferryman_cli("lag", "-o", "json", env=at_deduper)
             assert result.returncode == 0, result.stderr
             data: dict[str, object] = json.loads(result.stdout)
             rows = data["partitions"]
