@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from ferryman.config import ClusterConfig
 from ferryman.health import ClusterHealth
 from ferryman.watchdog import park
+from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 
 from tests.helpers.kafka import KafkaCluster, create_topic, static_member_config
@@ -57,6 +58,7 @@ def test_a_fence_comes_as_a_batch_event_only_and_note_errors_takes_it(
         check_state=lambda: None,
         commit_for_revoke=lambda _lost: None,
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=GapTracker(),
     )
     parts.start()
     twin = Consumer(static_member_config(bootstrap, group, "d1"))

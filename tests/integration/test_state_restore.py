@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman import envelope
 from ferryman.config import ClusterConfig, FlowConfig
@@ -28,6 +28,7 @@ from ferryman.naming import FlowNames
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
 from ferryman_deduper._flow_topics import FlowTopics
+from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._partitions import StagingPartitions
 
 from tests.helpers.kafka import KafkaCluster, create_topic, wait_until
@@ -39,8 +40,11 @@ _KEY = PartitionKey("orders", 3)
 _PARTITIONS = 2
 
 
-def _state(watermark: int) -> bytes:
-    return state_pb2.WatermarkState(watermark=watermark, destination_topic="src.orders").SerializeToString()
+def _state(watermark: int, gap_to: int | None = None) -> bytes:
+    st = state_pb2.WatermarkState(watermark=watermark, destination_topic="src.orders", topic_id=b"t" * 16)
+    if gap_to is not None:
+        st.gap_to = gap_to
+    return st.SerializeToString()
 
 
 def _producer(bootstrap: str, txn_id: str) -> Producer:
@@ -49,8 +53,8 @@ def _producer(bootstrap: str, txn_id: str) -> Producer:
     return p
 
 
-def _write(p: Producer, topic: str, partition: int, watermark: int) -> None:
-    p.produce(topic, key=_KEY.encode(_CLUSTER), value=_state(watermark), partition=partition)
+def _write(p: Producer, topic: str, partition: int, watermark: int, gap_to: int | None = None) -> None:
+    p.produce(topic, key=_KEY.encode(_CLUSTER), value=_state(watermark, gap_to), partition=partition)
     p.flush(30)
 
 
@@ -144,6 +148,7 @@ def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
         check_state=lambda: None,
         commit_for_revoke=lambda _lost: None,
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=GapTracker(),
     )
     parts.consumer = consumer
     try:
@@ -164,6 +169,112 @@ def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
         assert parts.dest_topics[_KEY] == "src.orders"
     finally:
         consumer.close()
+
+
+def test_a_restored_state_naming_a_gap_reopens_it_due_at_once_and_a_revoke_drops_it(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    """The gap's end is written with the staging offsets that showed it: restored, it is asked for at once.
+
+    Before, gaps lived in memory only. A rewind, a new consumer or a restart forgot them, and the envelopes
+    that had shown them were behind the committed staging offsets: with a quiet source nothing showed the
+    gap again, and the partition stayed behind for good (a CI run after a staging topic was made again).
+    """
+    bootstrap = destination_cluster.bootstrap_servers
+    staging = unique_name("staging")
+    create_topic(bootstrap, staging, _PARTITIONS)
+    group = unique_name("dedupers")
+    sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
+    consumer = Consumer(conf)
+    gaps = GapTracker()
+    parts = StagingPartitions(
+        make_consumer=lambda: Consumer(conf),
+        staging_topic=staging,
+        state_topic=state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        check_state=lambda: None,
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=gaps,
+    )
+    parts.consumer = consumer
+    try:
+        p = _producer(bootstrap, unique_name("txn"))
+        p.begin_transaction()
+        _write(p, state_topic, sp, 41, gap_to=99)
+        p.send_offsets_to_transaction([TopicPartition(staging, sp, 12)], consumer.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+        assert parts.restore([sp]) == {sp: 12}
+        gap = gaps.get(_KEY)
+        assert gap is not None
+        assert (gap.missing_from, gap.missing_to) == (42, 99)
+        assert (gap.source.cluster_id, gap.source.topic, gap.source.partition) == (_CLUSTER, _KEY.topic, 3)
+        assert gap.source.topic_id == b"t" * 16
+        assert gaps.due(time.monotonic(), 600.0) == [(_KEY, gap)]
+        # Another deduper owns the partition now: its gap goes with it.
+        parts.owned.add(sp)
+        parts._revoke([TopicPartition(staging, sp)], lost=False)
+        assert len(gaps) == 0
+        # A gap the watermark has passed is none.
+        p.begin_transaction()
+        _write(p, state_topic, sp, 120, gap_to=99)
+        p.commit_transaction(30)
+        parts.restore([sp])
+        assert len(gaps) == 0
+    finally:
+        consumer.close()
+
+
+def test_after_a_staging_topic_is_made_again_restores_start_at_its_log_start_until_its_offsets_are_committed(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    """``read_anew``: every restore reads from the start, not only the first; a commit ends it per partition.
+
+    The new consumer rejoins its group at once after its first assignment. Its second restore resumed at
+    the old topic's committed offset, past envelopes of the new topic never read (a CI run).
+    """
+    bootstrap = destination_cluster.bootstrap_servers
+    staging = unique_name("staging")
+    create_topic(bootstrap, staging, _PARTITIONS)
+    group = unique_name("dedupers")
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
+    parts = StagingPartitions(
+        make_consumer=lambda: Consumer(conf),
+        staging_topic=staging,
+        state_topic=state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        check_state=lambda: None,
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=GapTracker(),
+    )
+    parts.consumer = Consumer(conf)
+    try:
+        p = _producer(bootstrap, unique_name("txn"))
+        p.begin_transaction()
+        p.send_offsets_to_transaction(
+            [TopicPartition(staging, sp, 30) for sp in range(_PARTITIONS)], parts.consumer.consumer_group_metadata(), 30
+        )
+        p.commit_transaction(30)
+        assert parts.restore([0, 1]) == {0: 30, 1: 30}
+        parts.read_anew()
+        assert parts.reading_anew
+        # The new consumer read_anew subscribed is not polled here: restores ask a plain one, as above.
+        parts.consumer.close()
+        parts.consumer = Consumer(conf)
+        assert parts.restore([0, 1]) == {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}
+        assert parts.restore([0, 1]) == {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}  # the rejoin's restore
+        parts.positions_committed([0])
+        assert parts.restore([0, 1]) == {0: 30, 1: OFFSET_BEGINNING}
+        parts.positions_committed([1])
+        assert not parts.reading_anew
+    finally:
+        parts.consumer.close()
 
 
 def _make_again(bootstrap: str, topic: str) -> None:
@@ -218,6 +329,7 @@ def test_a_restore_from_a_state_topic_made_again_under_the_deduper_is_refused_an
         check_state=check_state,
         commit_for_revoke=lambda _lost: None,
         health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=GapTracker(),
     )
     parts.consumer = consumer
     sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ferryman.v1 import envelope_pb2 as ferryman_dot_v1_dot_envelope__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/state.proto\x12\x0b\x66\x65rryman.v1\x1a\x1a\x66\x65rryman/v1/envelope.proto\"D\n\x0cWatermarkKey\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\"\xb2\x01\n\x0eWatermarkState\x12\x11\n\twatermark\x18\x01 \x01(\x03\x12\x10\n\x08topic_id\x18\x02 \x01(\x0c\x12\x19\n\x11retired_topic_ids\x18\x03 \x03(\x0c\x12\x1a\n\x12\x64\x65stination_offset\x18\x04 \x01(\x03\x12\x19\n\x11\x64\x65stination_topic\x18\x05 \x01(\t\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x12\n\ndeduper_id\x18\x07 \x01(\t\"\xd2\x01\n\tTopicSpec\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x12\n\npartitions\x18\x04 \x01(\x05\x12\x34\n\x07\x63onfigs\x18\x05 \x03(\x0b\x32#.ferryman.v1.TopicSpec.ConfigsEntry\x12\x16\n\x0eobserved_at_ms\x18\x06 \x01(\x03\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe4\x01\n\rOffsetMapping\x12,\n\x06source\x18\x01 \x01(\x0b\x32\x1c.ferryman.v1.SourcePartition\x12\x19\n\x11\x64\x65stination_topic\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x65stination_partition\x18\x03 \x01(\x05\x12 \n\x18\x66irst_destination_offset\x18\x04 \x01(\x03\x12\x16\n\x0esource_offsets\x18\x05 \x03(\x03\x12\x1b\n\x13\x66irst_source_offset\x18\x06 \x01(\x03\x12\x14\n\x0crecord_count\x18\x07 \x01(\x05\"\x99\x01\n\x14\x44\x65\x64uperAdvertisement\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66low\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fheartbeat_at_ms\x18\x04 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\x03\x12\x15\n\rstarted_at_ms\x18\x06 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/state.proto\x12\x0b\x66\x65rryman.v1\x1a\x1a\x66\x65rryman/v1/envelope.proto\"D\n\x0cWatermarkKey\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\"\xd2\x01\n\x0eWatermarkState\x12\x11\n\twatermark\x18\x01 \x01(\x03\x12\x10\n\x08topic_id\x18\x02 \x01(\x0c\x12\x19\n\x11retired_topic_ids\x18\x03 \x03(\x0c\x12\x1a\n\x12\x64\x65stination_offset\x18\x04 \x01(\x03\x12\x19\n\x11\x64\x65stination_topic\x18\x05 \x01(\t\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x12\n\ndeduper_id\x18\x07 \x01(\t\x12\x13\n\x06gap_to\x18\x08 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_gap_to\"\xd2\x01\n\tTopicSpec\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x12\n\npartitions\x18\x04 \x01(\x05\x12\x34\n\x07\x63onfigs\x18\x05 \x03(\x0b\x32#.ferryman.v1.TopicSpec.ConfigsEntry\x12\x16\n\x0eobserved_at_ms\x18\x06 \x01(\x03\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe4\x01\n\rOffsetMapping\x12,\n\x06source\x18\x01 \x01(\x0b\x32\x1c.ferryman.v1.SourcePartition\x12\x19\n\x11\x64\x65stination_topic\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x65stination_partition\x18\x03 \x01(\x05\x12 \n\x18\x66irst_destination_offset\x18\x04 \x01(\x03\x12\x16\n\x0esource_offsets\x18\x05 \x03(\x03\x12\x1b\n\x13\x66irst_source_offset\x18\x06 \x01(\x03\x12\x14\n\x0crecord_count\x18\x07 \x01(\x05\"\x99\x01\n\x14\x44\x65\x64uperAdvertisement\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66low\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fheartbeat_at_ms\x18\x04 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\x03\x12\x15\n\rstarted_at_ms\x18\x06 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATERMARKKEY']._serialized_start=68
   _globals['_WATERMARKKEY']._serialized_end=136
   _globals['_WATERMARKSTATE']._serialized_start=139
-  _globals['_WATERMARKSTATE']._serialized_end=317
-  _globals['_TOPICSPEC']._serialized_start=320
-  _globals['_TOPICSPEC']._serialized_end=530
-  _globals['_TOPICSPEC_CONFIGSENTRY']._serialized_start=484
-  _globals['_TOPICSPEC_CONFIGSENTRY']._serialized_end=530
-  _globals['_OFFSETMAPPING']._serialized_start=533
-  _globals['_OFFSETMAPPING']._serialized_end=761
-  _globals['_DEDUPERADVERTISEMENT']._serialized_start=764
-  _globals['_DEDUPERADVERTISEMENT']._serialized_end=917
+  _globals['_WATERMARKSTATE']._serialized_end=349
+  _globals['_TOPICSPEC']._serialized_start=352
+  _globals['_TOPICSPEC']._serialized_end=562
+  _globals['_TOPICSPEC_CONFIGSENTRY']._serialized_start=516
+  _globals['_TOPICSPEC_CONFIGSENTRY']._serialized_end=562
+  _globals['_OFFSETMAPPING']._serialized_start=565
+  _globals['_OFFSETMAPPING']._serialized_end=793
+  _globals['_DEDUPERADVERTISEMENT']._serialized_start=796
+  _globals['_DEDUPERADVERTISEMENT']._serialized_end=949
 # @@protoc_insertion_point(module_scope)

@@ -67,6 +67,7 @@ class WatermarkState(_message.Message):
     DESTINATION_TOPIC_FIELD_NUMBER: _builtins.int
     UPDATED_AT_MS_FIELD_NUMBER: _builtins.int
     DEDUPER_ID_FIELD_NUMBER: _builtins.int
+    GAP_TO_FIELD_NUMBER: _builtins.int
     watermark: _builtins.int
     """Highest source offset written to the destination; -1 before the first."""
     topic_id: _builtins.bytes
@@ -79,6 +80,12 @@ class WatermarkState(_message.Message):
     """Wall-clock time of the transaction that wrote this state, ms since epoch."""
     deduper_id: _builtins.str
     """Identity of the deduper instance that wrote it."""
+    gap_to: _builtins.int
+    """Last source offset an envelope read from staging showed to be missing
+    above the watermark: an open gap. Written with the staging offsets that
+    revealed it, so that a restore asks for it again even if no later envelope
+    would show it. Absent: no gap known.
+    """
     @_builtins.property
     def retired_topic_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Ids of earlier incarnations of the topic; envelopes carrying them are stale."""
@@ -93,12 +100,15 @@ class WatermarkState(_message.Message):
         destination_topic: _builtins.str = ...,
         updated_at_ms: _builtins.int = ...,
         deduper_id: _builtins.str = ...,
+        gap_to: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gap_to", b"_gap_to", "gap_to", b"gap_to"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduper_id", b"deduper_id", "destination_offset", b"destination_offset", "destination_topic", b"destination_topic", "retired_topic_ids", b"retired_topic_ids", "topic_id", b"topic_id", "updated_at_ms", b"updated_at_ms", "watermark", b"watermark"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gap_to", b"_gap_to", "deduper_id", b"deduper_id", "destination_offset", b"destination_offset", "destination_topic", b"destination_topic", "gap_to", b"gap_to", "retired_topic_ids", b"retired_topic_ids", "topic_id", b"topic_id", "updated_at_ms", b"updated_at_ms", "watermark", b"watermark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__gap_to: _TypeAlias = _typing.Literal["gap_to"]  # noqa: Y015
+    _WhichOneofArgType__gap_to: _TypeAlias = _typing.Literal["_gap_to", b"_gap_to"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gap_to) -> _WhichOneofReturnType__gap_to | None: ...
 
 Global___WatermarkState: _TypeAlias = WatermarkState  # noqa: Y015
 

@@ -176,6 +176,11 @@ class DataPath:
                 return
             self.stats.gaps_detected += 1
             self._note_gap(key, src, d.missing_from, max(d.missing_to, env.last_offset))
+            if key not in self._txn.pending:
+                # The state is written in this transaction, with the gap (``_produce_state``): the staging
+                # offset that revealed it is committed with it, and a restore asks for the gap again.
+                self._txn.pending[key] = state if state is not None else PartitionState(topic_id=src.topic_id)
+                self._parts.cluster_ids[key] = src.cluster_id
         elif verdict is Verdict.STALE_TOPIC:
             self.stats.stale_topic_envelopes += 1
 
@@ -345,6 +350,9 @@ class DataPath:
                 updated_at_ms=now_ms,
                 deduper_id=self._instance_id,
             )
+            gap = self._gaps.get(key)
+            if gap is not None and gap.missing_to > st.watermark:
+                value.gap_to = gap.missing_to
             self._txn.producer.produce(
                 self._names.state_topic,
                 key=key.encode(parts.cluster_ids.get(key, "")),

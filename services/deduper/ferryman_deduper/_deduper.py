@@ -127,6 +127,7 @@ class Deduper:
             transactional_id=self._names.transactional_id(self.instance_id),
             health=self.health,
         )
+        self._gaps = GapTracker()
         self._parts = StagingPartitions(
             make_consumer=self._make_consumer,
             staging_topic=self._names.staging_topic,
@@ -137,8 +138,8 @@ class Deduper:
             check_state=self._check_state_topic,
             commit_for_revoke=self._commit_for_revoke,
             health=self.health,
+            gaps=self._gaps,
         )
-        self._gaps = GapTracker()
         self._written_destinations: set[str] = set()
         self._quarantine = Quarantine(
             staging_topic=self._names.staging_topic,
@@ -727,6 +728,7 @@ class Deduper:
             return True
         started_ns, records = time.time_ns(), self._txn.records
         offsets = dict(self._txn.next_offsets) if len(self._parts.holds) else {}
+        read = list(self._txn.next_offsets) if self._parts.reading_anew else []
         try:
             committed = self._txn.commit(
                 staging_topic=self._names.staging_topic,
@@ -746,6 +748,7 @@ class Deduper:
             self._health_dirty = True
             return False
         self._parts.committed.update(committed)
+        self._parts.positions_committed(read)
         for hold in self._parts.holds.committed(offsets):
             _log.warning(
                 "staging partition %d released: the destination takes the record it refused now (%s-%d, held %.0f s)",

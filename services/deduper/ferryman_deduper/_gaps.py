@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ferryman.state import PartitionKey
@@ -139,6 +140,11 @@ class GapTracker:
             for key, gap in self._gaps.items()
             if gap.requested_at is None or now - gap.requested_at >= retry_s
         ]
+
+    def drop(self, which: Callable[[PartitionKey], bool]) -> None:
+        """Forget the gaps of the partitions which selects (another deduper owns them now)."""
+        for key in [k for k in self._gaps if which(k)]:
+            del self._gaps[key]
 
     def clear(self) -> None:
         """Forget every gap (a rewind: they are found again as staging is re-read)."""

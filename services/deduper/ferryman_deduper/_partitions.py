@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -38,10 +38,11 @@ from ferryman.group_close import JoinTracker, close_group_consumer
 from ferryman.health import ClusterHealth
 from ferryman.kafka_errors import FenceWindow, is_fatal_client_error, is_membership_fence, retry_retriable
 from ferryman.state import PartitionKey, read_compacted
-from ferryman.v1 import control_pb2, state_pb2
+from ferryman.v1 import control_pb2, envelope_pb2, state_pb2
 from ferryman.watchdog import park
 
 from ferryman_deduper._decide import PartitionState
+from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._holds import RefusalHolds
 from ferryman_deduper._timings import SlowSteps
 
@@ -70,8 +71,13 @@ class StagingPartitions:
         check_state: Callable[[], None],
         commit_for_revoke: Callable[[bool], None],
         health: ClusterHealth,
+        gaps: GapTracker,
     ) -> None:
-        """check_state: called before and after each restore's read of the state topic; raises unless the original."""
+        """check_state: called before and after each restore's read of the state topic; raises unless the original.
+
+        gaps: the open gaps, which follow ownership: a restore reopens those its state names, a revoke drops them.
+        """
+        self._gaps = gaps
         self._make_consumer = make_consumer
         self._staging_topic = staging_topic
         self._state_topic = state_topic
@@ -108,8 +114,9 @@ class StagingPartitions:
         self.expected: dict[int, int] = {}
         self.staging_losses: list[control_pb2.StagingLoss] = []
         """Staging ranges deleted before this deduper read them, since start (status)."""
-        #: Staging partitions whose next restore starts at the log start, not at the group's committed
-        #: offset: the staging topic was made again, and those offsets are the old topic's (``read_anew``).
+        #: Staging partitions whose restores start at the log start, not at the group's committed offset:
+        #: the staging topic was made again, and those offsets are the old topic's (``read_anew``), until a
+        #: commit of offsets read from the new topic (``positions_committed``).
         self._anew: set[int] = set()
         self.holds = RefusalHolds()
         """Owned partitions held at a record the destination refuses (dropped with the partitions)."""
@@ -224,6 +231,7 @@ class StagingPartitions:
             del self.committed[key]
         for sp in drop:
             self.expected.pop(sp, None)
+        self._gaps.drop(lambda key: self.staging_partition(key) in drop)
 
     def restore(self, partitions: list[int]) -> dict[int, int]:
         """Committed staging positions, then the state written with them.
@@ -271,8 +279,10 @@ class StagingPartitions:
                     self.dest_topics[key] = st.destination_topic
                 self.last_dest_offset[key] = st.destination_offset
                 restored += 1
+                if st.HasField("gap_to") and st.gap_to > st.watermark:
+                    self._reopen_gap(key, cluster_id, st)
         _log.info("restored %d source-partition watermarks for staging partitions %s", restored, partitions)
-        anew, self._anew = self._anew & set(partitions), self._anew - set(partitions)
+        anew = self._anew & set(partitions)  # kept until the new topic's offsets are committed (positions_committed)
         for tp in committed:
             if tp.offset >= 0 and tp.partition not in anew:
                 self.expected[tp.partition] = tp.offset
@@ -281,16 +291,45 @@ class StagingPartitions:
             for tp in committed
         }
 
+    def _reopen_gap(self, key: PartitionKey, cluster_id: str, st: state_pb2.WatermarkState) -> None:
+        """Reopen a gap the restored state names, due at once.
+
+        The envelopes that showed it are not read again (their offsets are committed with it), and a quiet
+        source sends no later one that would show it.
+        """
+        source = envelope_pb2.SourcePartition(
+            cluster_id=cluster_id, topic=key.topic, topic_id=st.topic_id, partition=key.partition
+        )
+        self._gaps.note(key, source, st.watermark + 1, st.gap_to)
+        _log.warning(
+            "restored an open gap in source partition %s: records %d..%d have not arrived; asking for them again",
+            key,
+            st.watermark + 1,
+            st.gap_to,
+        )
+
     def read_anew(self) -> None:
         """The staging topic was made again: a new consumer, reading each partition from its start once.
 
         librdkafka may never fetch a topic it knew by its old id (the wrapper meets the same with a
         re-created source topic), and the group's committed offsets are the old topic's. Records read
         again are dropped as duplicates by the watermarks; envelopes lost with the old topic show as gaps.
+        Each partition is read from its start until offsets read from the new topic are committed for it:
+        a restore before that (the new consumer's rejoin comes at once) must not resume at an old offset,
+        past envelopes of the new topic that were never read (a CI run lost a resend that way).
         The caller must abort the open transaction first.
         """
         self._anew = set(range(self._n))
         self.rebuild_consumer()
+
+    @property
+    def reading_anew(self) -> bool:
+        """Some partition still restores from its start (``read_anew``)."""
+        return bool(self._anew)
+
+    def positions_committed(self, partitions: Iterable[int]) -> None:
+        """Offsets read from the staging topic of now were committed for partitions: restores resume there."""
+        self._anew.difference_update(partitions)
 
     def note_position(self, sp: int, offset: int) -> None:
         """A record at offset was read from staging partition sp: report staging records deleted unread.
