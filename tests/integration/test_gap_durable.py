@@ -14,7 +14,9 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from ferryman.config import FlowConfig
 from ferryman.naming import FlowNames
+from ferryman.topics import describe_topics
 from ferryman.v1 import control_pb2
+from ferryman_deduper._partitions import staging_offsets_metadata
 
 from tests.helpers import kafka as kafka_helpers
 from tests.helpers.grpc_clients import LinkedPair, start_linked_pair
@@ -43,11 +45,11 @@ def _staging_records(bootstrap: str, topic: str) -> int:
     return sum(len(r) for r in records.values())
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
+def _committed(bootstrap: str, group: str, topic: str) -> TopicPartition:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        offset = consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
-        return offset if offset is not None else -1
+        tp: TopicPartition = consumer.committed([TopicPartition(topic, 0)], timeout=10)[0]
+        return tp
     finally:
         consumer.close()
 
@@ -101,9 +103,14 @@ def test_an_open_gap_survives_a_kill_9_of_the_deduper_and_is_asked_for_again(
         gap = (topic, 0, 0, RECORDS - 1)
         wait_until(lambda: _gaps(pair) == [gap], START_TIMEOUT_S, message=f"the deduper reports the gap {gap}")
         wait_until(
-            lambda: _committed(dst, names.deduper_group, names.staging_topic) == RECORDS,
+            lambda: _committed(dst, names.deduper_group, names.staging_topic).offset == RECORDS,
             START_TIMEOUT_S,
             message="the staging offsets that showed the gap committed",
+        )
+        # Committed with the id of the staging topic they were read from.
+        staging_id = describe_topics(admin, [names.staging_topic], 30)[names.staging_topic].topic_id
+        assert _committed(dst, names.deduper_group, names.staging_topic).metadata == staging_offsets_metadata(
+            staging_id
         )
         assert "asked for source records" not in pair.deduper.output()  # nobody to ask yet
 

@@ -29,7 +29,7 @@ from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
 from ferryman_deduper._flow_topics import FlowTopics
 from ferryman_deduper._gaps import GapTracker
-from ferryman_deduper._partitions import StagingPartitions
+from ferryman_deduper._partitions import StagingPartitions, staging_offsets_metadata
 
 from tests.helpers.kafka import KafkaCluster, create_topic, wait_until
 
@@ -273,6 +273,52 @@ def test_after_a_staging_topic_is_made_again_restores_start_at_its_log_start_unt
         assert parts.restore([0, 1]) == {0: 30, 1: OFFSET_BEGINNING}
         parts.positions_committed([1])
         assert not parts.reading_anew
+    finally:
+        parts.consumer.close()
+
+
+def test_committed_offsets_naming_another_staging_topic_restore_from_the_log_start(
+    destination_cluster: KafkaCluster, state_topic: str, unique_name: Callable[[str], str]
+) -> None:
+    """Offsets are committed by topic name, with the id of the staging topic read: another id is not this topic's.
+
+    A transaction that commits after the staging topic was deleted (before the deduper saw the new one) leaves the
+    old topic's offsets on the new topic; a deduper killed then and restarted resumed at them, past envelopes
+    of the new topic never read. Offsets committed without an id (older versions) are taken as they are.
+    """
+    bootstrap = destination_cluster.bootstrap_servers
+    staging = unique_name("staging")
+    create_topic(bootstrap, staging, _PARTITIONS)
+    group = unique_name("dedupers")
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
+    topic_id = [b"\x01" * 16]
+    parts = StagingPartitions(
+        make_consumer=lambda: Consumer(conf),
+        staging_topic=staging,
+        state_topic=state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        check_state=lambda: None,
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=GapTracker(),
+        staging_id=lambda: topic_id[0],
+    )
+    parts.consumer = Consumer(conf)
+    try:
+        p = _producer(bootstrap, unique_name("txn"))
+        p.begin_transaction()
+        offsets = [
+            TopicPartition(staging, 0, 30, metadata=staging_offsets_metadata(b"\x01" * 16)),
+            TopicPartition(staging, 1, 40),  # no id
+        ]
+        p.send_offsets_to_transaction(offsets, parts.consumer.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+        assert parts.restore([0, 1]) == {0: 30, 1: 40}
+        topic_id[0] = b"\x02" * 16  # the topic made again
+        assert parts.restore([0, 1]) == {0: OFFSET_BEGINNING, 1: 40}
+        assert 0 not in parts.expected
     finally:
         parts.consumer.close()
 

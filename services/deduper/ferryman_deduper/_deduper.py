@@ -63,7 +63,7 @@ from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
 from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
 from ferryman_deduper._holds import RETRY_MAX_S
-from ferryman_deduper._partitions import StagingPartitions
+from ferryman_deduper._partitions import StagingPartitions, staging_offsets_metadata
 from ferryman_deduper._quarantine import Quarantine
 from ferryman_deduper._traces import DeduperTraces
 from ferryman_deduper._transaction import Transaction
@@ -139,6 +139,7 @@ class Deduper:
             commit_for_revoke=self._commit_for_revoke,
             health=self.health,
             gaps=self._gaps,
+            staging_id=lambda: self._topics.staging_id,
         )
         self._written_destinations: set[str] = set()
         self._quarantine = Quarantine(
@@ -737,6 +738,7 @@ class Deduper:
                 commit_consumer_offsets=lambda offsets: self._parts.consumer.commit(
                     offsets=offsets, asynchronous=False
                 ),
+                offsets_metadata=staging_offsets_metadata(self._topics.staging_id),
                 in_callback=in_callback,
             )
         except FencedError:

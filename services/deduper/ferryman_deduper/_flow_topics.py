@@ -89,6 +89,11 @@ class FlowTopics:
         """Start-up: make the internal topics (or check the shapes of those there)."""
         topics.ensure_internal_topics(admin, self.internal(), ADMIN_TIMEOUT_S, visible_budget_s=self._startup_timeout_s)
 
+    @property
+    def staging_id(self) -> bytes | None:
+        """The id of the staging topic read now (None before ``read_ids``)."""
+        return self._staging_id
+
     def read_ids(self, admin: AdminClient) -> None:
         """Start-up, once the topics are there: the ids of the staging and state topics this deduper reads."""
         staging, state = self._names.staging_topic, self._names.state_topic

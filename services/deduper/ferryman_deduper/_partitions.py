@@ -48,6 +48,12 @@ from ferryman_deduper._timings import SlowSteps
 
 _log = logging.getLogger(__name__)
 
+
+def staging_offsets_metadata(staging_id: bytes | None) -> str:
+    """The metadata of committed staging offsets: the id of the staging topic read ("" when unknown)."""
+    return f"staging-topic-id={staging_id.hex()}" if staging_id else ""
+
+
 #: Budget of the reads a restore makes (committed offsets, the state partitions).
 RESTORE_BUDGET_S = 30.0
 #: A restore slower than this names the step that took the time (WARNING): each is a call to the cluster.
@@ -72,12 +78,15 @@ class StagingPartitions:
         commit_for_revoke: Callable[[bool], None],
         health: ClusterHealth,
         gaps: GapTracker,
+        staging_id: Callable[[], bytes | None] = lambda: None,
     ) -> None:
         """check_state: called before and after each restore's read of the state topic; raises unless the original.
 
         gaps: the open gaps, which follow ownership: a restore reopens those its state names, a revoke drops them.
+        staging_id: the id of the staging topic read now, which committed offsets name (None: unknown yet).
         """
         self._gaps = gaps
+        self._staging_id = staging_id
         self._make_consumer = make_consumer
         self._staging_topic = staging_topic
         self._state_topic = state_topic
@@ -282,7 +291,8 @@ class StagingPartitions:
                 if st.HasField("gap_to") and st.gap_to > st.watermark:
                     self._reopen_gap(key, cluster_id, st)
         _log.info("restored %d source-partition watermarks for staging partitions %s", restored, partitions)
-        anew = self._anew & set(partitions)  # kept until the new topic's offsets are committed (positions_committed)
+        # Kept until the new topic's offsets are committed (positions_committed); with offsets of another topic.
+        anew = (self._anew & set(partitions)) | self._of_another_topic(committed)
         for tp in committed:
             if tp.offset >= 0 and tp.partition not in anew:
                 self.expected[tp.partition] = tp.offset
@@ -290,6 +300,23 @@ class StagingPartitions:
             tp.partition: (tp.offset if tp.offset >= 0 and tp.partition not in anew else OFFSET_BEGINNING)
             for tp in committed
         }
+
+    def _of_another_topic(self, committed: list[TopicPartition]) -> set[int]:
+        """Partitions whose committed offsets were read from a staging topic since deleted (and made again).
+
+        Offsets are committed by topic name: a commit that came after the deletion, before this deduper or
+        the one before it saw the new topic, names the new one. The broker deletes those committed before.
+        """
+        now = staging_offsets_metadata(self._staging_id())
+        stale = {tp.partition for tp in committed if tp.offset >= 0 and tp.metadata and now and tp.metadata != now}
+        if stale:
+            _log.warning(
+                "committed offsets of staging partitions %s were read from a staging topic since made again (%s): "
+                "reading them from the start (records read again are dropped as duplicates)",
+                sorted(stale),
+                ", ".join(sorted({tp.metadata or "" for tp in committed if tp.partition in stale})),
+            )
+        return stale
 
     def _reopen_gap(self, key: PartitionKey, cluster_id: str, st: state_pb2.WatermarkState) -> None:
         """Reopen a gap the restored state names, due at once.

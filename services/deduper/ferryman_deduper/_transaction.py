@@ -337,6 +337,7 @@ class Transaction:
         group_metadata: Callable[[], object],
         write_state: Callable[[], None],
         commit_consumer_offsets: Callable[[list[TopicPartition]], object],
+        offsets_metadata: str = "",
         in_callback: bool = False,
     ) -> dict[PartitionKey, PartitionState]:
         """Commit: records, then write_state() (watermarks, offset map), staging offsets, EndTxn.
@@ -346,6 +347,7 @@ class Transaction:
             group_metadata: the staging consumer's group metadata (exactly-once: sent with the offsets).
             write_state: produces the state and offset-map records of the transaction.
             commit_consumer_offsets: at-least-once: commits the staging offsets on the consumer.
+            offsets_metadata: committed with each staging offset (``staging_offsets_metadata``).
             in_callback: called from the consumer's rebalance callback (inside its ``consume()``): the
                 staging offsets are committed on this thread. confluent-kafka-python (2.16) makes a call
                 on the consumer from another thread, the watchdog's, wait for the callback to return.
@@ -367,7 +369,9 @@ class Transaction:
         elif self.delivery_error is not None:
             raise KafkaException(self.delivery_error)
         write_state()
-        offsets = [TopicPartition(staging_topic, sp, nxt) for sp, nxt in self.next_offsets.items()]
+        offsets = [
+            TopicPartition(staging_topic, sp, nxt, metadata=offsets_metadata) for sp, nxt in self.next_offsets.items()
+        ]
         if self.exactly_once:
             if offsets:
                 group = group_metadata()

@@ -35,6 +35,7 @@ if _BREAK and os.path.basename(sys.argv[0]) == "ferryman-deduper":
         group_metadata: Callable[[], object],
         write_state: Callable[[], None],
         commit_consumer_offsets: Callable[[list[TopicPartition]], object],
+        offsets_metadata: str = "",
         in_callback: bool = False,
     ) -> Any:
         if _BREAK == "state-outside-transaction":
@@ -49,6 +50,7 @@ if _BREAK and os.path.basename(sys.argv[0]) == "ferryman-deduper":
             group_metadata=group_metadata,
             write_state=write_state,
             commit_consumer_offsets=commit_consumer_offsets,
+            offsets_metadata=offsets_metadata,
             in_callback=in_callback,
         )
 
