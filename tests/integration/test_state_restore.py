@@ -58,6 +58,38 @@ def _write(p: Producer, topic: str, partition: int, watermark: int, gap_to: int 
     p.flush(30)
 
 
+def _staging_partitions(
+    bootstrap: str,
+    staging: str,
+    state_topic: str,
+    group: str,
+    *,
+    gaps: GapTracker | None = None,
+    staging_id: Callable[[], bytes | None] = lambda: None,
+    check_state: Callable[[], None] = lambda: None,
+) -> StagingPartitions:
+    """A deduper's staging partitions with a plain consumer of group (not subscribed: restores only)."""
+    parts = StagingPartitions(
+        make_consumer=lambda: _group_consumer(bootstrap, group),
+        staging_topic=staging,
+        state_topic=state_topic,
+        staging_partitions=_PARTITIONS,
+        instance_id="d1",
+        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
+        check_state=check_state,
+        commit_for_revoke=lambda _lost: None,
+        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
+        gaps=gaps if gaps is not None else GapTracker(),
+        staging_id=staging_id,
+    )
+    parts.consumer = _group_consumer(bootstrap, group)
+    return parts
+
+
+def _group_consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+
+
 @contextmanager
 def _ended_later(p: Producer, delay_s: float, *, commit: bool) -> Iterator[list[float]]:
     """End p's open transaction delay_s from now, from another thread; yields [monotonic time it ended]."""
@@ -136,21 +168,8 @@ def test_deduper_restore_reads_state_whose_transaction_ends_during_the_restore(
     create_topic(bootstrap, staging, _PARTITIONS)
     group = unique_name("dedupers")
     sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
-    consumer = Consumer(conf)
-    parts = StagingPartitions(
-        make_consumer=lambda: Consumer(conf),
-        staging_topic=staging,
-        state_topic=state_topic,
-        staging_partitions=_PARTITIONS,
-        instance_id="d1",
-        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
-        check_state=lambda: None,
-        commit_for_revoke=lambda _lost: None,
-        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
-        gaps=GapTracker(),
-    )
-    parts.consumer = consumer
+    parts = _staging_partitions(bootstrap, staging, state_topic, group)
+    consumer = parts.consumer
     try:
         # The previous owner's transaction: state and staging offsets, committed.
         p = _producer(bootstrap, unique_name("txn"))
@@ -185,22 +204,9 @@ def test_a_restored_state_naming_a_gap_reopens_it_due_at_once_and_a_revoke_drops
     create_topic(bootstrap, staging, _PARTITIONS)
     group = unique_name("dedupers")
     sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
-    consumer = Consumer(conf)
     gaps = GapTracker()
-    parts = StagingPartitions(
-        make_consumer=lambda: Consumer(conf),
-        staging_topic=staging,
-        state_topic=state_topic,
-        staging_partitions=_PARTITIONS,
-        instance_id="d1",
-        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
-        check_state=lambda: None,
-        commit_for_revoke=lambda _lost: None,
-        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
-        gaps=gaps,
-    )
-    parts.consumer = consumer
+    parts = _staging_partitions(bootstrap, staging, state_topic, group, gaps=gaps)
+    consumer = parts.consumer
     try:
         p = _producer(bootstrap, unique_name("txn"))
         p.begin_transaction()
@@ -240,20 +246,7 @@ def test_after_a_staging_topic_is_made_again_restores_start_at_its_log_start_unt
     staging = unique_name("staging")
     create_topic(bootstrap, staging, _PARTITIONS)
     group = unique_name("dedupers")
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
-    parts = StagingPartitions(
-        make_consumer=lambda: Consumer(conf),
-        staging_topic=staging,
-        state_topic=state_topic,
-        staging_partitions=_PARTITIONS,
-        instance_id="d1",
-        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
-        check_state=lambda: None,
-        commit_for_revoke=lambda _lost: None,
-        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
-        gaps=GapTracker(),
-    )
-    parts.consumer = Consumer(conf)
+    parts = _staging_partitions(bootstrap, staging, state_topic, group)
     try:
         p = _producer(bootstrap, unique_name("txn"))
         p.begin_transaction()
@@ -266,7 +259,7 @@ def test_after_a_staging_topic_is_made_again_restores_start_at_its_log_start_unt
         assert parts.reading_anew
         # The new consumer read_anew subscribed is not polled here: restores ask a plain one, as above.
         parts.consumer.close()
-        parts.consumer = Consumer(conf)
+        parts.consumer = _group_consumer(bootstrap, group)
         assert parts.restore([0, 1]) == {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}
         assert parts.restore([0, 1]) == {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}  # the rejoin's restore
         parts.positions_committed([0])
@@ -290,22 +283,8 @@ def test_committed_offsets_naming_another_staging_topic_restore_from_the_log_sta
     staging = unique_name("staging")
     create_topic(bootstrap, staging, _PARTITIONS)
     group = unique_name("dedupers")
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
     topic_id = [b"\x01" * 16]
-    parts = StagingPartitions(
-        make_consumer=lambda: Consumer(conf),
-        staging_topic=staging,
-        state_topic=state_topic,
-        staging_partitions=_PARTITIONS,
-        instance_id="d1",
-        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{group}-restore"},
-        check_state=lambda: None,
-        commit_for_revoke=lambda _lost: None,
-        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
-        gaps=GapTracker(),
-        staging_id=lambda: topic_id[0],
-    )
-    parts.consumer = Consumer(conf)
+    parts = _staging_partitions(bootstrap, staging, state_topic, group, staging_id=lambda: topic_id[0])
     try:
         p = _producer(bootstrap, unique_name("txn"))
         p.begin_transaction()
@@ -363,21 +342,10 @@ def test_a_restore_from_a_state_topic_made_again_under_the_deduper_is_refused_an
         if not flow_topics.state_is_original():
             raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "the state topic is gone"))
 
-    conf = {"bootstrap.servers": bootstrap, "group.id": names.deduper_group, "isolation.level": "read_committed"}
-    consumer = Consumer(conf)
-    parts = StagingPartitions(
-        make_consumer=lambda: Consumer(conf),
-        staging_topic=names.staging_topic,
-        state_topic=names.state_topic,
-        staging_partitions=_PARTITIONS,
-        instance_id="d1",
-        restore_config=lambda: {"bootstrap.servers": bootstrap, "group.id": f"{names.deduper_group}-restore"},
-        check_state=check_state,
-        commit_for_revoke=lambda _lost: None,
-        health=ClusterHealth("destination", ClusterConfig(bootstrap_servers=bootstrap)),
-        gaps=GapTracker(),
+    parts = _staging_partitions(
+        bootstrap, names.staging_topic, names.state_topic, names.deduper_group, check_state=check_state
     )
-    parts.consumer = consumer
+    consumer = parts.consumer
     sp = envelope.staging_partition(_KEY.topic, _KEY.partition, _PARTITIONS)
     try:
         p = _producer(bootstrap, unique_name("txn"))
