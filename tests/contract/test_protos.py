@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,30 @@ def test_buf_breaking_against_main_is_clean() -> None:
         [BUF, "breaking", "--against", ".git#branch=main"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _lower_bound(requirement: str) -> tuple[int, ...]:
+    found = re.search(r">=\s*([0-9.]+)", requirement)
+    assert found, f"{requirement}: no lower bound"
+    return tuple(int(p) for p in found.group(1).split("."))
+
+
+def test_the_declared_runtimes_can_import_the_generated_code() -> None:
+    """grpcio and protobuf's lower bounds are at least the versions the generated code refuses to run below."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bounds = {re.split(r"[<>=!~ \[]", r, maxsplit=1)[0]: r for r in project["dependencies"]}
+    generated = ROOT / "clients" / "ferryman" / "v1"
+    grpc_versions = {
+        re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", p.read_text()).group(1)  # type: ignore[union-attr]
+        for p in generated.glob("*_pb2_grpc.py")
+    }
+    pb_versions = {
+        re.search(r"# Protobuf Python Version: ([0-9.]+)", p.read_text()).group(1)  # type: ignore[union-attr]
+        for p in generated.glob("*_pb2.py")
+    }
+    for name, versions in (("grpcio", grpc_versions), ("protobuf", pb_versions)):
+        needed = max(tuple(int(x) for x in v.split(".")) for v in versions)
+        assert _lower_bound(bounds[name]) >= needed, f"{bounds[name]}: the generated code needs {needed}"
 
 
 def test_generated_code_matches_protos() -> None:
