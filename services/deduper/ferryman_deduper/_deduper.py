@@ -526,7 +526,6 @@ class Deduper:
 
     def _replace_failed_consumer(self) -> None:
         """A new staging consumer for one that hit a fatal error; the open transaction is aborted already."""
-        self._gaps.clear()
         self._parts.check_consumer()
 
     def _fail(self, exc: BaseException, what: str) -> None:
@@ -667,7 +666,6 @@ class Deduper:
             self._txn.recover(_generation_lost("the staging topic was made again"), "staging topic made again")
             if self._data.traces is not None:
                 self._data.traces.aborted("the staging topic was made again")
-        self._gaps.clear()
         self._parts.read_anew()
 
     def _unstick(self, what: str) -> None:
@@ -680,7 +678,6 @@ class Deduper:
                 failing_s,
                 self.health.name,
             )
-            self._gaps.clear()
             self._parts.rebuild_consumer()
 
     def _serve_consumer(self) -> None:

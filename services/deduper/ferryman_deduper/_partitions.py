@@ -215,10 +215,11 @@ class StagingPartitions:
         return True
 
     def rebuild_consumer(self) -> None:
-        """Drop the consumer and every partition it had; a new one rejoins and restores."""
+        """Drop the consumer and every partition it had, with their gaps; a new one rejoins and restores."""
         self.consumer_rebuilds += 1
         # Never closed: a consumer in a fatal state does not return from close() (see ferryman.watchdog.park).
         park(self.consumer)
+        self._gaps.clear()
         self.holds.clear()
         self.owned.clear()
         self.restoring.clear()
@@ -336,7 +337,7 @@ class StagingPartitions:
         )
 
     def read_anew(self) -> None:
-        """The staging topic was made again: a new consumer, reading each partition from its start once.
+        """The staging topic was made again: a new consumer, reading each partition from its start.
 
         librdkafka may never fetch a topic it knew by its old id (the wrapper meets the same with a
         re-created source topic), and the group's committed offsets are the old topic's. Records read
