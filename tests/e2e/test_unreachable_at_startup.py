@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 from ferryman.service import EXIT_UNREACHABLE
 
 from tests.helpers.services import ServiceProcess, flow_config, write_config
+from tests.helpers.tcp_proxy import closed_port
 
 pytestmark = pytest.mark.e2e
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("kind", ["wrapper", "deduper"])

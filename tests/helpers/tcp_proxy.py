@@ -287,3 +287,10 @@ class TcpProxy:
                 side.sock.close()
             else:
                 _reset(side.sock)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from ferryman import topics
 from ferryman.errors import KafkaOperationError
 from ferryman.naming import TopicFilter
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.topics import TopicInfo
 from ferryman.v1 import state_pb2
 from ferryman_wrapper._specs import SourceView, SpecPublisher
@@ -47,9 +48,20 @@ class _Producer:
         return 0
 
 
-def _publisher(producer: _Producer) -> SpecPublisher:
+@dataclass
+class _Admin:
+    """Stands in for RenewingAdmin: counts the failures reported to it."""
+
+    client: AdminClient = field(default_factory=lambda: cast(AdminClient, object()))
+    suspected: int = 0
+
+    def suspect(self) -> None:
+        self.suspected += 1
+
+
+def _publisher(producer: _Producer, admin: _Admin | None = None) -> SpecPublisher:
     return SpecPublisher(
-        source_admin=cast(AdminClient, object()),
+        source_admin=cast(RenewingAdmin, admin or _Admin()),
         producer=cast(Producer, producer),
         specs_topic="flow.topic-specs.internal",
         cluster_id="src",
@@ -141,9 +153,11 @@ def test_a_failed_background_observation_raises_where_its_result_is_taken(monkey
         raise KafkaOperationError("listing source topics", TimeoutError("no answer in 1.0 s"))
 
     monkeypatch.setattr(topics, "list_topic_names", failing_list)
-    future = _publisher(_Producer()).observe_in_background()
+    admin = _Admin()
+    future = _publisher(_Producer(), admin).observe_in_background()
     with pytest.raises(KafkaOperationError, match="listing source topics"):
         future.result(timeout=10)
+    assert admin.suspected == 1  # a transient failure has the admin client checked (renewed if it alone is stuck)
 
 
 def test_a_republish_that_fails_is_sent_again_by_the_next_publish() -> None:

@@ -285,11 +285,13 @@ class LoopClients:
         now = time.monotonic()
         if now >= self._next_orphan_probe:
             self._next_orphan_probe = now + PROBE_INTERVAL_S
+            admin = self._specs().source_admin
             try:
-                brokers = self._specs().source_admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers
+                brokers = admin.client.list_topics(timeout=PROBE_TIMEOUT_S).brokers
             except KafkaException:
                 brokers = {}
             if not brokers:
+                admin.suspect()  # the source away, or the admin client stuck (then a new one is tried)
                 self._answering_since = None
             elif self._answering_since is None:
                 self._answering_since = now
@@ -366,7 +368,12 @@ class LoopClients:
 
     def both_answer(self, timeout_s: float) -> None:
         """Metadata from both clusters (raises KafkaException while one does not answer)."""
-        self._specs().source_admin.list_topics(timeout=timeout_s)
+        admin = self._specs().source_admin
+        try:
+            admin.client.list_topics(timeout=timeout_s)
+        except KafkaException:
+            admin.suspect()
+            raise
         self.producer.list_topics(self._names.staging_topic, timeout=timeout_s)
 
 

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException, Producer
 from ferryman import topics
-from ferryman.errors import KafkaOperationError
+from ferryman.errors import FerrymanError, KafkaOperationError
+from ferryman.kafka_errors import is_transient
 from ferryman.naming import TopicFilter
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.state import spec_key
 from ferryman.topics import TopicInfo
 from ferryman.v1 import state_pb2
@@ -48,7 +49,7 @@ class SourceView:
 class SpecPublisher:
     """Keeps the destination's view of the source topics up to date."""
 
-    source_admin: AdminClient
+    source_admin: RenewingAdmin
     producer: Producer
     specs_topic: str
     cluster_id: str
@@ -81,13 +82,17 @@ class SpecPublisher:
         Reads only what the constructor set, so any thread may call it.
         """
         started = time.monotonic()
-        if names is None:
-            listed = topics.list_topic_names(self.source_admin, self.timeout_s)
-            names = [t for t in listed if self.topic_filter.matches(t)]
-        infos = topics.describe_topics(self.source_admin, names, self.timeout_s)
-        configs = (
-            topics.replicable_configs(self.source_admin, infos.keys(), self.timeout_s) if self.replicate_configs else {}
-        )
+        admin = self.source_admin.client
+        try:
+            if names is None:
+                listed = topics.list_topic_names(admin, self.timeout_s)
+                names = [t for t in listed if self.topic_filter.matches(t)]
+            infos = topics.describe_topics(admin, names, self.timeout_s)
+            configs = topics.replicable_configs(admin, infos.keys(), self.timeout_s) if self.replicate_configs else {}
+        except (KafkaException, FerrymanError) as exc:
+            if is_transient(exc):  # the source away, or this client stuck: a new one answering replaces it
+                self.source_admin.suspect()
+            raise
         return SourceView(started, names, infos, configs)
 
     def observe_in_background(self) -> Future[SourceView]:

@@ -50,6 +50,7 @@ from ferryman.health import ClusterHealth, wait_until_reachable
 from ferryman.kafka_errors import is_transient, kafka_error_of, wait_out_transient
 from ferryman.metrics import wrapper_metrics
 from ferryman.naming import FlowNames, TopicFilter
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.rpc import serving
 from ferryman.state import PartitionKey
 from ferryman.tracing import start_tracing
@@ -284,14 +285,15 @@ class Wrapper:
         return self._server.port
 
     def _run_kafka(self) -> None:
-        source_admin = AdminClient(base_config(self._source, f"{self.wrapper_id}-admin"))
+        source_conf = base_config(self._source, f"{self.wrapper_id}-admin")
+        source_admin = RenewingAdmin(lambda: AdminClient(source_conf), what="the source admin client")
         self._target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
-        wait_until_reachable(source_admin, self._flow.source, self._source, self._wc.startup_timeout_s)
+        wait_until_reachable(source_admin.client, self._flow.source, self._source, self._wc.startup_timeout_s)
         wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
         # A broker restart or a slow cluster right after both first answered is waited out, not an exit.
         step = partial(wait_out_transient, budget_s=self._wc.startup_timeout_s, setting="wrapper.startup_timeout_s")
         self._cluster_id = step(
-            lambda: topics.cluster_id(source_admin, _ADMIN_TIMEOUT_S),
+            lambda: topics.cluster_id(source_admin.client, _ADMIN_TIMEOUT_S),
             what="reading the source's id",
         )
         step(
