@@ -30,6 +30,8 @@ from ferryman.errors import ConfigError
 #: Topics never replicated unless a flow names them explicitly: Kafka's own
 #: internal topics, internal topics of Connect/MM2/Ferryman, and replicas.
 DEFAULT_TOPICS_EXCLUDE: tuple[str, ...] = (r"__.*", r".*[-.]internal", r".*\.replica")
+#: Consumer groups never synced unless a flow says otherwise (MirrorMaker 2's ``groups.exclude`` default).
+DEFAULT_GROUPS_EXCLUDE: tuple[str, ...] = (r"console-consumer-.*", r"connect-.*", r"__.*")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "oauthbearer.config", "jaas", "credential")
@@ -173,6 +175,17 @@ class FlowConfig(_Model, frozen=True):
     """How often this flow's source topic list is re-read; default ``wrapper.topic_refresh_interval_s``."""
     paused: bool = False
     """Paused: wrappers read nothing from the source (what is in flight is still committed)."""
+    sync_group_offsets: bool = False
+    """Commit the source consumer groups' translated offsets at the destination (MirrorMaker 2's
+    ``sync.group.offsets.enabled``): a group moved there resumes where it stopped at the source. Only
+    groups with no members at the destination are written, and an offset never moves back there.
+    Needs ``emit_offset_mappings``."""
+    groups: list[str] = field(default_factory=lambda: [".*"])
+    """Regexes (full match) of consumer groups whose offsets are synced."""
+    groups_exclude: list[str] = field(default_factory=lambda: list(DEFAULT_GROUPS_EXCLUDE))
+    """Regexes (full match) of consumer groups never synced (Ferryman's own groups never are)."""
+    sync_group_offsets_interval_s: Annotated[float, Meta(gt=0)] = 60.0
+    """How often group offsets are read at the source and synced."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -181,12 +194,19 @@ class FlowConfig(_Model, frozen=True):
             ("topics", self.topics),
             ("topics_exclude", self.topics_exclude),
             ("topic_configs_exclude", self.topic_configs_exclude),
+            ("groups", self.groups),
+            ("groups_exclude", self.groups_exclude),
         ):
+            what = "group" if name.startswith("groups") else "topic"
             for pattern in patterns:
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    raise _FieldError(name, f"invalid topic regex {pattern!r}: {exc}") from exc
+                    raise _FieldError(name, f"invalid {what} regex {pattern!r}: {exc}") from exc
+        if self.sync_group_offsets and not self.emit_offset_mappings:
+            raise _FieldError(
+                "sync_group_offsets", "needs emit_offset_mappings (group offsets are translated with the offset map)"
+            )
 
 
 class TlsConfig(_Model, frozen=True):

@@ -59,6 +59,35 @@ class TopicFilter:
         return any(p.fullmatch(topic) for p in self.include) and not any(p.fullmatch(topic) for p in self.exclude)
 
 
+#: Consumer groups of Ferryman's own clients start so; they are never synced.
+OWN_GROUP_PREFIXES = ("ferryman-", "ferryman.")
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    """Selects the consumer groups whose offsets a flow syncs (full-match include and exclude regexes)."""
+
+    include: tuple[re.Pattern[str], ...]
+    exclude: tuple[re.Pattern[str], ...]
+    own: tuple[str, ...] = OWN_GROUP_PREFIXES
+    """Prefixes of groups never synced: Ferryman's own (the wrapper's group may be renamed by config)."""
+
+    @classmethod
+    def of(cls, flow: FlowConfig, wrapper_group: str = "") -> GroupFilter:
+        """Build the filter of a flow whose wrappers read the source as wrapper_group."""
+        return cls(
+            include=tuple(re.compile(p) for p in flow.groups),
+            exclude=tuple(re.compile(p) for p in flow.groups_exclude),
+            own=OWN_GROUP_PREFIXES + ((wrapper_group,) if wrapper_group else ()),
+        )
+
+    def matches(self, group: str) -> bool:
+        """True when group is included, not excluded, and not one of Ferryman's own."""
+        if not group or group.startswith(self.own):
+            return False
+        return any(p.fullmatch(group) for p in self.include) and not any(p.fullmatch(group) for p in self.exclude)
+
+
 @dataclass(frozen=True)
 class FlowNames:
     """Internal topic names and client ids of one flow.

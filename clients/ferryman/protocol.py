@@ -10,7 +10,7 @@ from __future__ import annotations
 from ferryman.v1 import control_pb2
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1
 
 
 def current_version() -> control_pb2.ProtocolVersion:

@@ -273,6 +273,22 @@ def _health() -> list[Timeseries]:
     ]
 
 
+def _groups() -> list[Timeseries]:
+    return [
+        _timeseries(
+            "Group offset syncs",
+            "short",
+            "Consumer-group offsets synced at the destination (flows[].sync_group_offsets), per interval, by "
+            "outcome: committed, unchanged, active (the group has members there: left alone), failed (retried).",
+            _query(
+                f"sum by (outcome) (increase(ferryman_deduper_group_offset_syncs_total{{{_FLOW}}}{_RATE}))",
+                "{{outcome}}",
+            ),
+            span=24,
+        ),
+    ]
+
+
 def _process() -> list[Timeseries]:
     return [
         _timeseries(
@@ -321,6 +337,7 @@ def build() -> dict[str, Any]:
         ("Lag and latency", _lag()),
         ("Transactions", _transactions()),
         ("Health", _health()),
+        ("Consumer groups", _groups()),
         ("Processes", _process()),
     ):
         panel_id += 1

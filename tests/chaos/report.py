@@ -84,6 +84,8 @@ class Report:
     rates: list[tuple[float, float, float]] = field(default_factory=list)
     """Destination records/s over the run, in steps: (from, to, rate), seconds since the run started. A stall
     shows here even when an overlapping fault or a broker's restart hides it from the recovery times."""
+    group_sync: str = ""
+    """Where the synced consumer group stands at the destination against the source (``groups``)."""
 
     @property
     def clean(self) -> bool:
@@ -109,6 +111,7 @@ class Report:
         services_down_at_end: list[str],
         harness_errors: list[str],
         phases: dict[str, float] | None = None,
+        group_sync: tuple[str, list[str]] = ("", []),
     ) -> Report:
         """Put the figures together and judge them."""
         total = Tally()
@@ -132,6 +135,7 @@ class Report:
         ]
         problems += [f"{name} not running at the end" for name in services_down_at_end]
         problems += harness_errors
+        problems += group_sync[1]
         return cls(
             seed=seed,
             profile=profile,
@@ -150,6 +154,7 @@ class Report:
             phases=dict(phases or {}),
             cpu_per_process=cpu_per_process,
             problems=problems,
+            group_sync=group_sync[0],
             rates=[(round(b, 1), round(u, 1), round(r, 1)) for b, u, r in rates],
         )
 
@@ -181,6 +186,7 @@ class Report:
             f"max {max(overlapped, default=0):.1f} s); destination rate "
             f"{self.baseline_rate:.0f}/s median (offered {self.offered_rate:.0f}/s)",
             f"anomalies: {self.total}",
+            *([self.group_sync] if self.group_sync else []),
             "",
             f"{'#':>3} {'at s':>6} {'kind':<15} {'target':<14} {'held s':>6} {'recovery s':>10} {'min rate':>8}",
         ]

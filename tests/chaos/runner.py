@@ -32,6 +32,7 @@ from ferryman_local import MultiNodeCluster, Toxiproxy, reserve_port
 
 from bench.cpucap import CpuCaps
 from tests.chaos.checker import TopicResult, check_topic
+from tests.chaos.groups import SYNC_FLOW, GroupReader, check_synced
 from tests.chaos.load import Load
 from tests.chaos.progress import Progress, Sample
 from tests.chaos.records import ROLES, Content
@@ -180,6 +181,7 @@ class ChaosRun:
                 flow=flow,
                 topics=topics,
                 staging_partitions=4,
+                extra_flow=SYNC_FLOW,
                 deduper={
                     "session_timeout_ms": SESSION_TIMEOUT_MS,
                     "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
@@ -195,6 +197,7 @@ class ChaosRun:
                 flow=flow,
                 topics=topics,
                 staging_partitions=4,
+                extra_flow=SYNC_FLOW,
                 wrapper={"instance_id": f"{flow}-w{i}", "session_timeout_ms": SESSION_TIMEOUT_MS},
             )
             paths[f"wrapper-{i}"] = write_config(self.work_dir / f"wrapper-{i}.yaml", data)
@@ -224,6 +227,8 @@ class ChaosRun:
             self.source.bootstrap_servers, self.topics, self.partitions, self.profile.rate_per_s, self.base_ms
         )
         self.load.start()
+        reader = GroupReader(self.source.bootstrap_servers, self.topics["txn"])
+        reader.start()
         mark = Sample(time.monotonic(), {})
         with self._phase("first replication on every partition"):
             first = self.progress.wait_moved_on(mark, RECOVERY_BUDGET_S * 2)
@@ -281,7 +286,16 @@ class ChaosRun:
         time.sleep(self.profile.tail_s)  # steady load after the last fault
         with self._phase("load stop (producers flushed)"):
             self.load.stop()
+        reader.stop()
         results = self._check()
+        with self._phase("group sync check"):
+            group_sync = check_synced(
+                self.source.bootstrap_servers,
+                self.destination.bootstrap_servers,
+                self.topics["txn"],
+                f"src.{self.topics['txn']}",
+                self.partitions["txn"],
+            )
         self.progress.stop()
         exits = {n: p.starts for n, p in services.procs.items()}
         dead = [n for n, p in services.procs.items() if not p.alive]
@@ -301,6 +315,7 @@ class ChaosRun:
             services_down_at_end=dead,
             phases=self.phases,
             harness_errors=[f"load generator: {e!r}" for e in self.load.errors],
+            group_sync=group_sync,
         )
 
     # -- faults ----------------------------------------------------------------------------------

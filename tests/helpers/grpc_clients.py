@@ -257,6 +257,7 @@ def start_linked_pair(
     client_rpc: RpcConfig | None = None,
     deduper_source_bootstrap: str | None = None,
     start: tuple[str, ...] = ("deduper", "wrapper"),
+    extra_flow: Mapping[str, Any] | None = None,
 ) -> LinkedPair:
     """Write one configuration file per service and start the services named in start, in that order.
 
@@ -281,6 +282,7 @@ def start_linked_pair(
         deduper_source_bootstrap: the source cluster's address in the deduper's file
             (the deduper must never need it).
         start: which services to start now, in order (the others via ``pair.<name>.start()``).
+        extra_flow: more settings of the flow (both files).
     """
     dport = deduper_port or reserve_port()
     wport = reserve_port()
@@ -289,6 +291,7 @@ def start_linked_pair(
         "flow": flow,
         "topics": topics,
         "staging_partitions": staging_partitions,
+        "extra_flow": extra_flow,
         "wrapper": {
             "listen_address": local(wport),
             "deduper_addresses": [link_address or local(dport)],

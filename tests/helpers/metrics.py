@@ -46,6 +46,7 @@ def deduper_status(**overrides: object) -> control_pb2.GetDeduperStatusResponse:
         "unavailable_reason": "",
         "producer_rebuilds": 1,
         "wedged_calls": 1,
+        "group_offset_syncs": {"committed": 3, "active": 1},
         "refused_record": control_pb2.RefusedRecord(topic="src.t", partition=0, error="INVALID_RECORD"),
         "audit_verdicts": [
             control_pb2.AuditVerdict(

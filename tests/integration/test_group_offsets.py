@@ -11,13 +11,13 @@ past its last marker, as a Java consumer at the end does: the wrapper finds the 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
+from tests.helpers.groups import consume_at_source, destination_member, read_as_member
 from tests.helpers.grpc_clients import start_linked_pair
 from tests.helpers.kafka import KafkaCluster, create_topic, produce_sequences, read_all, wait_until
 from tests.helpers.services import ferryman_cli
@@ -28,73 +28,6 @@ PER_PARTITION = 120
 #: Records the group reads of partition 0 at the source before it moves (all of partition 1).
 READ_OF_0 = 70
 START_TIMEOUT_S = 90.0
-
-
-def _consume_at_source(
-    bootstrap: str, topic: str, group: str, counts: Mapping[int, int], to_end: frozenset[int] = frozenset()
-) -> dict[int, int]:
-    """Read counts[p] records of each partition as group, commit the positions (to_end: the end); return them."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in counts])
-        positions: dict[int, int] = {}
-        seen = dict.fromkeys(counts, 0)
-        deadline = time.monotonic() + 60
-        while any(seen[p] < counts[p] for p in counts) and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            p = int(msg.partition() or 0)
-            if seen[p] < counts[p]:
-                seen[p] += 1
-                positions[p] = int(msg.offset() or 0) + 1
-        assert seen == dict(counts), seen
-        for p in to_end:  # as a Java consumer at the end commits: its position, past the last transaction's marker
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            assert high > positions[p], (high, positions[p])  # the marker is there: offset - 1 is no record
-            positions[p] = high
-        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in positions.items()], asynchronous=False)
-        return positions
-    finally:
-        consumer.close()
-
-
-def _destination_member(bootstrap: str, topic: str, group: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",  # a group without committed offsets would read everything again
-        }
-    )
-
-
-def _read_as_member(consumer: Consumer, topic: str, expected: int, quiet_s: float = 3.0) -> dict[int, list[bytes]]:
-    """What a member of the group reads from where the group stands: until expected, then quiet_s of nothing."""
-    consumer.subscribe([topic])
-    got: dict[int, list[bytes]] = {}
-    deadline = time.monotonic() + 60
-    quiet_from: float | None = None
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and msg.error() is None:
-            got.setdefault(int(msg.partition() or 0), []).append(bytes(msg.value() or b""))
-            quiet_from = None
-            continue
-        if sum(len(v) for v in got.values()) >= expected and consumer.assignment():
-            quiet_from = quiet_from or time.monotonic()
-            if time.monotonic() - quiet_from >= quiet_s:
-                return got
-    raise AssertionError(f"read {sum(len(v) for v in got.values())} of {expected} records")
 
 
 def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exactly_once(
@@ -115,7 +48,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
             expected=2 * PER_PARTITION,
             timeout_s=START_TIMEOUT_S,
         )
-        committed = _consume_at_source(
+        committed = consume_at_source(
             source_cluster.bootstrap_servers, topic, group, {0: READ_OF_0, 1: PER_PARTITION}, to_end=frozenset({1})
         )
         at_deduper = {"FERRYMAN_SERVER": pair.deduper_address, "FERRYMAN_SOURCE_SERVER": pair.wrapper_address}
@@ -137,7 +70,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
         assert rows[0]["destination"]["offset"] != committed[0]  # the markers differ on either side
 
         # Refused, nothing committed, while the group has a member at the destination.
-        member = _destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
+        member = destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
         try:
             member.subscribe([destination_topic])
             wait_until(lambda: member.poll(0.2) is None and member.assignment(), 60, message="member assigned")
@@ -146,7 +79,7 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
             assert "has members at the destination" in refused.stderr and "Traceback" not in refused.stderr
         finally:
             member.close()
-        check = _destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
+        check = destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
         try:
             none = check.committed([TopicPartition(destination_topic, p) for p in (0, 1)], timeout=30)
             assert all(tp.offset < 0 for tp in none), none
@@ -157,9 +90,9 @@ def test_a_group_moved_to_the_destination_reads_each_record_it_had_not_read_exac
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["committed"] is True
 
-        moved = _destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
+        moved = destination_member(destination_cluster.bootstrap_servers, destination_topic, group)
         try:
-            got = _read_as_member(moved, destination_topic, PER_PARTITION - READ_OF_0)
+            got = read_as_member(moved, destination_topic, PER_PARTITION - READ_OF_0)
         finally:
             moved.close()
         assert got == {0: values[0][READ_OF_0:]}  # partition 1 was read to its end at the source

@@ -47,6 +47,14 @@ ExcludeOption = Annotated[
 RenameOption = Annotated[
     list[str] | None, typer.Option("--rename", help="SOURCE=DESTINATION topic name (repeat; replaces the renames).")
 ]
+GroupOption = Annotated[
+    list[str] | None,
+    typer.Option("--group", help="Consumer-group regex whose offsets are synced (repeat; replaces the list)."),
+]
+GroupExcludeOption = Annotated[
+    list[str] | None,
+    typer.Option("--group-exclude", help="Consumer-group regex never synced (repeat; replaces the list)."),
+]
 ConfigExcludeOption = Annotated[
     list[str] | None,
     typer.Option("--config-exclude", help="Topic-config regex not copied to created topics (repeat)."),
@@ -202,11 +210,24 @@ def update(
     refresh_interval_s: Annotated[
         float | None, typer.Option("--refresh-interval-s", help="How often source topics are re-listed.")
     ] = None,
+    sync_group_offsets: Annotated[
+        bool | None,
+        typer.Option(
+            "--sync-group-offsets/--no-sync-group-offsets",
+            help="Commit the source groups' translated offsets at the destination.",
+            show_default=False,
+        ),
+    ] = None,
+    group: GroupOption = None,
+    group_exclude: GroupExcludeOption = None,
+    sync_interval_s: Annotated[
+        float | None, typer.Option("--sync-interval-s", help="How often group offsets are synced.")
+    ] = None,
     etag: EtagOption = "",
     output: OutputOption = "table",
     connection: ConnectionOptions,
 ) -> int:
-    """Change a flow's live fields: only those given (--topic/--exclude/--rename/--config-exclude replace lists)."""
+    """Change a flow's live fields: only those given (the repeatable options replace their lists)."""
 
     def action(admin: FerrymanAdmin, timeout_s: float) -> _View:
         patch = flows_pb2.Flow(name=name)
@@ -230,11 +251,37 @@ def update(
         if refresh_interval_s is not None:
             patch.topic_refresh_interval_ms = round(refresh_interval_s * 1000)
             paths.append("topic_refresh_interval_ms")
+        paths += _group_patch(patch, sync_group_offsets, group, group_exclude, sync_interval_s)
         if not paths:
             raise ConfigError("nothing to change: give at least one of the options (see --help)")
         return _view(admin.update_flow(patch, paths, etag=etag, timeout_s=timeout_s))
 
     return _run(connection, output, action)
+
+
+def _group_patch(
+    patch: flows_pb2.Flow,
+    sync: bool | None,
+    groups: list[str] | None,
+    exclude: list[str] | None,
+    interval_s: float | None,
+) -> list[str]:
+    """Set the group-sync options given on patch; the update-mask paths they change."""
+    paths: list[str] = []
+    if sync is not None:
+        patch.sync_group_offsets = sync
+        paths.append("sync_group_offsets")
+    if groups is not None:
+        patch.groups.extend(groups)
+        paths.append("groups")
+    if exclude is not None:
+        patch.groups_exclude.extend(exclude)
+        patch.no_default_groups_exclude = not exclude
+        paths += ["groups_exclude", "no_default_groups_exclude"]
+    if interval_s is not None:
+        patch.sync_group_offsets_interval_ms = round(interval_s * 1000)
+        paths.append("sync_group_offsets_interval_ms")
+    return paths
 
 
 @group.command("delete")

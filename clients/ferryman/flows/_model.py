@@ -25,6 +25,7 @@ _PROTO_FIELD = {
     "target": "target_alias",
     "naming.rename": "naming.renames",
     "topic_refresh_interval_s": "topic_refresh_interval_ms",
+    "sync_group_offsets_interval_s": "sync_group_offsets_interval_ms",
 }
 
 #: Fields that identify a flow and its internal topics: never changed (INVALID_ARGUMENT).
@@ -88,6 +89,13 @@ def _flow_values(flow: flows_pb2.Flow) -> dict[str, Any]:
         values["start_position"] = _START.get(flow.start_position, str(flow.start_position))
     if flow.on_topic_recreated != flows_pb2.TOPIC_RECREATED_ACTION_UNSPECIFIED:
         values["on_topic_recreated"] = _RECREATED.get(flow.on_topic_recreated, str(flow.on_topic_recreated))
+    values["sync_group_offsets"] = flow.sync_group_offsets
+    if flow.groups:
+        values["groups"] = list(flow.groups)
+    if flow.groups_exclude or flow.no_default_groups_exclude:
+        values["groups_exclude"] = list(flow.groups_exclude)
+    if flow.sync_group_offsets_interval_ms:
+        values["sync_group_offsets_interval_s"] = flow.sync_group_offsets_interval_ms / 1000
     return values
 
 
@@ -130,6 +138,11 @@ def to_proto(config: FlowConfig) -> flows_pb2.Flow:
         start_position={v: k for k, v in _START.items()}[config.start_position],
         emit_offset_mappings=config.emit_offset_mappings,
         on_topic_recreated={v: k for k, v in _RECREATED.items()}[config.on_topic_recreated],
+        sync_group_offsets=config.sync_group_offsets,
+        groups=config.groups,
+        groups_exclude=config.groups_exclude,
+        no_default_groups_exclude=not config.groups_exclude,
+        sync_group_offsets_interval_ms=round(config.sync_group_offsets_interval_s * 1000),
     )
 
 
@@ -242,8 +255,9 @@ def merged(current: flows_pb2.Flow, patch: flows_pb2.Flow, mask: field_mask_pb2.
     out = flows_pb2.Flow()
     out.CopyFrom(current)
     mask.MergeMessage(patch, out, replace_message_field=True, replace_repeated_field=True)
-    if "topics_exclude" in mask.paths and not patch.topics_exclude and "no_default_excludes" not in mask.paths:
-        out.no_default_excludes = patch.no_default_excludes
+    for listed, flag in (("topics_exclude", "no_default_excludes"), ("groups_exclude", "no_default_groups_exclude")):
+        if listed in mask.paths and not getattr(patch, listed) and flag not in mask.paths:
+            setattr(out, flag, getattr(patch, flag))
     return out
 
 

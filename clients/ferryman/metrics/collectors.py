@@ -194,6 +194,15 @@ class DeduperCollector(Collector):
         for reason, count in sorted(st.bad_envelopes.items()):
             bad.add_metric([flow, reason], count)
         yield bad
+        syncs = CounterMetricFamily(
+            "ferryman_deduper_group_offset_syncs",
+            "Consumer-group offset syncs at the destination (flows[].sync_group_offsets), one per group and "
+            "checkpoint, by outcome: committed, unchanged, active (members at the destination), failed.",
+            labels=["flow", "outcome"],
+        )
+        for outcome, count in sorted(st.group_offset_syncs.items()):
+            syncs.add_metric([flow, outcome], count)
+        yield syncs
         yield from self._loss_families(flow, st)
         transactions = CounterMetricFamily(
             "ferryman_deduper_transactions", "Kafka transactions ended, by outcome.", labels=["flow", "outcome"]

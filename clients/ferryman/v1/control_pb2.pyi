@@ -99,6 +99,7 @@ class ConnectRequest(_message.Message):
     TOPIC_SPECS_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
     RESEND_DATA_FIELD_NUMBER: _builtins.int
+    GROUP_CHECKPOINTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello:
         """Identity, sent first."""
@@ -115,6 +116,12 @@ class ConnectRequest(_message.Message):
     def resend_data(self) -> Global___ResendData:
         """Envelopes answering a ResendRequest."""
 
+    @_builtins.property
+    def group_checkpoints(self) -> Global___GroupCheckpoints:
+        """Committed source offsets of consumer groups, sent periodically while
+        the flow syncs group offsets (protocol minor 1).
+        """
+
     def __init__(
         self,
         *,
@@ -122,12 +129,13 @@ class ConnectRequest(_message.Message):
         topic_specs: Global___TopicSpecs | None = ...,
         progress: Global___Progress | None = ...,
         resend_data: Global___ResendData | None = ...,
+        group_checkpoints: Global___GroupCheckpoints | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "kind", b"kind", "progress", b"progress", "resend_data", b"resend_data", "topic_specs", b"topic_specs"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["group_checkpoints", b"group_checkpoints", "hello", b"hello", "kind", b"kind", "progress", b"progress", "resend_data", b"resend_data", "topic_specs", b"topic_specs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "kind", b"kind", "progress", b"progress", "resend_data", b"resend_data", "topic_specs", b"topic_specs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_checkpoints", b"group_checkpoints", "hello", b"hello", "kind", b"kind", "progress", b"progress", "resend_data", b"resend_data", "topic_specs", b"topic_specs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "topic_specs", "progress", "resend_data"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "topic_specs", "progress", "resend_data", "group_checkpoints"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -746,6 +754,26 @@ class GetDeduperStatusResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class GroupOffsetSyncsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DEDUPER_ID_FIELD_NUMBER: _builtins.int
     FLOW_FIELD_NUMBER: _builtins.int
     RECORDS_WRITTEN_FIELD_NUMBER: _builtins.int
@@ -772,6 +800,7 @@ class GetDeduperStatusResponse(_message.Message):
     ASSIGNED_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
     REFUSED_RECORD_FIELD_NUMBER: _builtins.int
     HELD_STAGING_PARTITIONS_FIELD_NUMBER: _builtins.int
+    GROUP_OFFSET_SYNCS_FIELD_NUMBER: _builtins.int
     AUDIT_VERDICTS_FIELD_NUMBER: _builtins.int
     deduper_id: _builtins.str
     """Deduper identity."""
@@ -877,6 +906,14 @@ class GetDeduperStatusResponse(_message.Message):
         """
 
     @_builtins.property
+    def group_offset_syncs(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Group offset syncs since start (flows[].sync_group_offsets), one per
+        group and checkpoint, by outcome: committed, unchanged (the destination
+        group already there or past), active (the group has members at the
+        destination: left alone), failed (retried with the next checkpoint).
+        """
+
+    @_builtins.property
     def audit_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditVerdict]:
         """--- Audits (issue 27): numbered from 40 to keep clear of other additions. ---
 
@@ -914,11 +951,12 @@ class GetDeduperStatusResponse(_message.Message):
         assigned_staging_partitions: _abc.Iterable[_builtins.int] | None = ...,
         refused_record: Global___RefusedRecord | None = ...,
         held_staging_partitions: _abc.Iterable[Global___HeldStagingPartition] | None = ...,
+        group_offset_syncs: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         audit_verdicts: _abc.Iterable[Global___AuditVerdict] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["refused_record", b"refused_record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "held_staging_partitions", b"held_staging_partitions", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "refused_record", b"refused_record", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_lost_records", b"acknowledged_lost_records", "assigned_staging_partitions", b"assigned_staging_partitions", "audit_verdicts", b"audit_verdicts", "bad_envelopes", b"bad_envelopes", "commit_flush_p50_ms", b"commit_flush_p50_ms", "commit_flush_seconds_total", b"commit_flush_seconds_total", "commit_max_ms", b"commit_max_ms", "commit_p50_ms", b"commit_p50_ms", "commit_seconds_total", b"commit_seconds_total", "connected_wrappers", b"connected_wrappers", "deduper_id", b"deduper_id", "duplicates_dropped", b"duplicates_dropped", "flow", b"flow", "gaps", b"gaps", "gaps_detected", b"gaps_detected", "gaps_healed", b"gaps_healed", "group_offset_syncs", b"group_offset_syncs", "held_staging_partitions", b"held_staging_partitions", "partitions", b"partitions", "producer_rebuilds", b"producer_rebuilds", "records_written", b"records_written", "refused_record", b"refused_record", "staging_losses", b"staging_losses", "transactions_aborted", b"transactions_aborted", "transactions_committed", b"transactions_committed", "unavailable_reason", b"unavailable_reason", "version", b"version", "wedged_calls", b"wedged_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1304,6 +1342,61 @@ class GroupOffset(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_record_offset) -> _WhichOneofReturnType__last_record_offset | None: ...
 
 Global___GroupOffset: _TypeAlias = GroupOffset  # noqa: Y015
+
+@_typing.final
+class GroupCheckpoints(_message.Message):
+    """GroupCheckpoints are source consumer groups' committed offsets, of the
+    partitions the sending wrapper reads, for the deduper to translate and
+    commit at the destination (MirrorMaker 2's checkpoints and group sync).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupCheckpoint]:
+        """One entry per group."""
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupCheckpoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupCheckpoints: _TypeAlias = GroupCheckpoints  # noqa: Y015
+
+@_typing.final
+class GroupCheckpoint(_message.Message):
+    """GroupCheckpoint is one consumer group's committed source offsets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Consumer group id (the same at the destination)."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupOffset]:
+        """Committed offsets, with last_record_offset where known."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___GroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupCheckpoint: _TypeAlias = GroupCheckpoint  # noqa: Y015
 
 @_typing.final
 class GetGroupOffsetsRequest(_message.Message):

@@ -26,7 +26,7 @@ from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mas
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/flows.proto\x12\x0b\x66\x65rryman.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n\x06Naming\x12)\n\x06policy\x18\x01 \x01(\x0e\x32\x19.ferryman.v1.NamingPolicy\x12\x11\n\tseparator\x18\x02 \x01(\t\x12\x31\n\x07renames\x18\x03 \x03(\x0b\x32 .ferryman.v1.Naming.RenamesEntry\x1a.\n\x0cRenamesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe9\x05\n\x04\x46low\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0csource_alias\x18\x02 \x01(\t\x12\x14\n\x0ctarget_alias\x18\x03 \x01(\t\x12\x0e\n\x06topics\x18\x04 \x03(\t\x12\x16\n\x0etopics_exclude\x18\x05 \x03(\t\x12\x1b\n\x13no_default_excludes\x18\x06 \x01(\x08\x12#\n\x06naming\x18\x07 \x01(\x0b\x32\x13.ferryman.v1.Naming\x12\x19\n\x0c\x65xactly_once\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12replication_factor\x18\t \x01(\x05\x12\x1d\n\x15topic_configs_exclude\x18\n \x03(\t\x12$\n\x17replicate_topic_configs\x18\x0b \x01(\x08H\x01\x88\x01\x01\x12!\n\x19topic_refresh_interval_ms\x18\x0c \x01(\r\x12\x0e\n\x06paused\x18\r \x01(\x08\x12\x15\n\rstaging_topic\x18\x0e \x01(\t\x12\x1a\n\x12staging_partitions\x18\x0f \x01(\r\x12\x32\n\x0estart_position\x18\x10 \x01(\x0e\x32\x1a.ferryman.v1.StartPosition\x12!\n\x14\x65mit_offset_mappings\x18\x11 \x01(\x08H\x02\x88\x01\x01\x12=\n\x12on_topic_recreated\x18\x12 \x01(\x0e\x32!.ferryman.v1.TopicRecreatedAction\x12\x0c\n\x04\x65tag\x18\x13 \x01(\t\x12\x0f\n\x07version\x18\x14 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0f\n\r_exactly_onceB\x1a\n\x18_replicate_topic_configsB\x17\n\x15_emit_offset_mappings\"4\n\x11\x43reateFlowRequest\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"5\n\x12\x43reateFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"\x1e\n\x0eGetFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"2\n\x0fGetFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"\x12\n\x10ListFlowsRequest\"5\n\x11ListFlowsResponse\x12 \n\x05\x66lows\x18\x01 \x03(\x0b\x32\x11.ferryman.v1.Flow\"s\n\x11UpdateFlowRequest\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x0c\n\x04\x65tag\x18\x03 \x01(\t\"5\n\x12UpdateFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"/\n\x11\x44\x65leteFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x65tag\x18\x02 \x01(\t\"\x14\n\x12\x44\x65leteFlowResponse\" \n\x10PauseFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x11PauseFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"!\n\x11ResumeFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"5\n\x12ResumeFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow*c\n\x0cNamingPolicy\x12\x1d\n\x19NAMING_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14NAMING_POLICY_PREFIX\x10\x01\x12\x1a\n\x16NAMING_POLICY_IDENTITY\x10\x02*g\n\rStartPosition\x12\x1e\n\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n\x15START_POSITION_LATEST\x10\x02*\x81\x01\n\x14TopicRecreatedAction\x12&\n\"TOPIC_RECREATED_ACTION_UNSPECIFIED\x10\x00\x12 \n\x1cTOPIC_RECREATED_ACTION_RESET\x10\x01\x12\x1f\n\x1bTOPIC_RECREATED_ACTION_HALT\x10\x02\x32\xa7\x04\n\x0b\x46lowService\x12M\n\nCreateFlow\x12\x1e.ferryman.v1.CreateFlowRequest\x1a\x1f.ferryman.v1.CreateFlowResponse\x12\x44\n\x07GetFlow\x12\x1b.ferryman.v1.GetFlowRequest\x1a\x1c.ferryman.v1.GetFlowResponse\x12J\n\tListFlows\x12\x1d.ferryman.v1.ListFlowsRequest\x1a\x1e.ferryman.v1.ListFlowsResponse\x12M\n\nUpdateFlow\x12\x1e.ferryman.v1.UpdateFlowRequest\x1a\x1f.ferryman.v1.UpdateFlowResponse\x12M\n\nDeleteFlow\x12\x1e.ferryman.v1.DeleteFlowRequest\x1a\x1f.ferryman.v1.DeleteFlowResponse\x12J\n\tPauseFlow\x12\x1d.ferryman.v1.PauseFlowRequest\x1a\x1e.ferryman.v1.PauseFlowResponse\x12M\n\nResumeFlow\x12\x1e.ferryman.v1.ResumeFlowRequest\x1a\x1f.ferryman.v1.ResumeFlowResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rryman/v1/flows.proto\x12\x0b\x66\x65rryman.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n\x06Naming\x12)\n\x06policy\x18\x01 \x01(\x0e\x32\x19.ferryman.v1.NamingPolicy\x12\x11\n\tseparator\x18\x02 \x01(\t\x12\x31\n\x07renames\x18\x03 \x03(\x0b\x32 .ferryman.v1.Naming.RenamesEntry\x1a.\n\x0cRenamesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf8\x06\n\x04\x46low\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0csource_alias\x18\x02 \x01(\t\x12\x14\n\x0ctarget_alias\x18\x03 \x01(\t\x12\x0e\n\x06topics\x18\x04 \x03(\t\x12\x16\n\x0etopics_exclude\x18\x05 \x03(\t\x12\x1b\n\x13no_default_excludes\x18\x06 \x01(\x08\x12#\n\x06naming\x18\x07 \x01(\x0b\x32\x13.ferryman.v1.Naming\x12\x19\n\x0c\x65xactly_once\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12replication_factor\x18\t \x01(\x05\x12\x1d\n\x15topic_configs_exclude\x18\n \x03(\t\x12$\n\x17replicate_topic_configs\x18\x0b \x01(\x08H\x01\x88\x01\x01\x12!\n\x19topic_refresh_interval_ms\x18\x0c \x01(\r\x12\x0e\n\x06paused\x18\r \x01(\x08\x12\x15\n\rstaging_topic\x18\x0e \x01(\t\x12\x1a\n\x12staging_partitions\x18\x0f \x01(\r\x12\x32\n\x0estart_position\x18\x10 \x01(\x0e\x32\x1a.ferryman.v1.StartPosition\x12!\n\x14\x65mit_offset_mappings\x18\x11 \x01(\x08H\x02\x88\x01\x01\x12=\n\x12on_topic_recreated\x18\x12 \x01(\x0e\x32!.ferryman.v1.TopicRecreatedAction\x12\x1a\n\x12sync_group_offsets\x18\x17 \x01(\x08\x12\x0e\n\x06groups\x18\x18 \x03(\t\x12\x16\n\x0egroups_exclude\x18\x19 \x03(\t\x12!\n\x19no_default_groups_exclude\x18\x1a \x01(\x08\x12&\n\x1esync_group_offsets_interval_ms\x18\x1b \x01(\r\x12\x0c\n\x04\x65tag\x18\x13 \x01(\t\x12\x0f\n\x07version\x18\x14 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0f\n\r_exactly_onceB\x1a\n\x18_replicate_topic_configsB\x17\n\x15_emit_offset_mappings\"4\n\x11\x43reateFlowRequest\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"5\n\x12\x43reateFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"\x1e\n\x0eGetFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"2\n\x0fGetFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"\x12\n\x10ListFlowsRequest\"5\n\x11ListFlowsResponse\x12 \n\x05\x66lows\x18\x01 \x03(\x0b\x32\x11.ferryman.v1.Flow\"s\n\x11UpdateFlowRequest\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x0c\n\x04\x65tag\x18\x03 \x01(\t\"5\n\x12UpdateFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"/\n\x11\x44\x65leteFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x65tag\x18\x02 \x01(\t\"\x14\n\x12\x44\x65leteFlowResponse\" \n\x10PauseFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x11PauseFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow\"!\n\x11ResumeFlowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"5\n\x12ResumeFlowResponse\x12\x1f\n\x04\x66low\x18\x01 \x01(\x0b\x32\x11.ferryman.v1.Flow*c\n\x0cNamingPolicy\x12\x1d\n\x19NAMING_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14NAMING_POLICY_PREFIX\x10\x01\x12\x1a\n\x16NAMING_POLICY_IDENTITY\x10\x02*g\n\rStartPosition\x12\x1e\n\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n\x15START_POSITION_LATEST\x10\x02*\x81\x01\n\x14TopicRecreatedAction\x12&\n\"TOPIC_RECREATED_ACTION_UNSPECIFIED\x10\x00\x12 \n\x1cTOPIC_RECREATED_ACTION_RESET\x10\x01\x12\x1f\n\x1bTOPIC_RECREATED_ACTION_HALT\x10\x02\x32\xa7\x04\n\x0b\x46lowService\x12M\n\nCreateFlow\x12\x1e.ferryman.v1.CreateFlowRequest\x1a\x1f.ferryman.v1.CreateFlowResponse\x12\x44\n\x07GetFlow\x12\x1b.ferryman.v1.GetFlowRequest\x1a\x1c.ferryman.v1.GetFlowResponse\x12J\n\tListFlows\x12\x1d.ferryman.v1.ListFlowsRequest\x1a\x1e.ferryman.v1.ListFlowsResponse\x12M\n\nUpdateFlow\x12\x1e.ferryman.v1.UpdateFlowRequest\x1a\x1f.ferryman.v1.UpdateFlowResponse\x12M\n\nDeleteFlow\x12\x1e.ferryman.v1.DeleteFlowRequest\x1a\x1f.ferryman.v1.DeleteFlowResponse\x12J\n\tPauseFlow\x12\x1d.ferryman.v1.PauseFlowRequest\x1a\x1e.ferryman.v1.PauseFlowResponse\x12M\n\nResumeFlow\x12\x1e.ferryman.v1.ResumeFlowRequest\x1a\x1f.ferryman.v1.ResumeFlowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,46 +35,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NAMING_RENAMESENTRY']._loaded_options = None
   _globals['_NAMING_RENAMESENTRY']._serialized_options = b'8\001'
-  _globals['_NAMINGPOLICY']._serialized_start=1716
-  _globals['_NAMINGPOLICY']._serialized_end=1815
-  _globals['_STARTPOSITION']._serialized_start=1817
-  _globals['_STARTPOSITION']._serialized_end=1920
-  _globals['_TOPICRECREATEDACTION']._serialized_start=1923
-  _globals['_TOPICRECREATEDACTION']._serialized_end=2052
+  _globals['_NAMINGPOLICY']._serialized_start=1859
+  _globals['_NAMINGPOLICY']._serialized_end=1958
+  _globals['_STARTPOSITION']._serialized_start=1960
+  _globals['_STARTPOSITION']._serialized_end=2063
+  _globals['_TOPICRECREATEDACTION']._serialized_start=2066
+  _globals['_TOPICRECREATEDACTION']._serialized_end=2195
   _globals['_NAMING']._serialized_start=108
   _globals['_NAMING']._serialized_end=277
   _globals['_NAMING_RENAMESENTRY']._serialized_start=231
   _globals['_NAMING_RENAMESENTRY']._serialized_end=277
   _globals['_FLOW']._serialized_start=280
-  _globals['_FLOW']._serialized_end=1025
-  _globals['_CREATEFLOWREQUEST']._serialized_start=1027
-  _globals['_CREATEFLOWREQUEST']._serialized_end=1079
-  _globals['_CREATEFLOWRESPONSE']._serialized_start=1081
-  _globals['_CREATEFLOWRESPONSE']._serialized_end=1134
-  _globals['_GETFLOWREQUEST']._serialized_start=1136
-  _globals['_GETFLOWREQUEST']._serialized_end=1166
-  _globals['_GETFLOWRESPONSE']._serialized_start=1168
-  _globals['_GETFLOWRESPONSE']._serialized_end=1218
-  _globals['_LISTFLOWSREQUEST']._serialized_start=1220
-  _globals['_LISTFLOWSREQUEST']._serialized_end=1238
-  _globals['_LISTFLOWSRESPONSE']._serialized_start=1240
-  _globals['_LISTFLOWSRESPONSE']._serialized_end=1293
-  _globals['_UPDATEFLOWREQUEST']._serialized_start=1295
-  _globals['_UPDATEFLOWREQUEST']._serialized_end=1410
-  _globals['_UPDATEFLOWRESPONSE']._serialized_start=1412
-  _globals['_UPDATEFLOWRESPONSE']._serialized_end=1465
-  _globals['_DELETEFLOWREQUEST']._serialized_start=1467
-  _globals['_DELETEFLOWREQUEST']._serialized_end=1514
-  _globals['_DELETEFLOWRESPONSE']._serialized_start=1516
-  _globals['_DELETEFLOWRESPONSE']._serialized_end=1536
-  _globals['_PAUSEFLOWREQUEST']._serialized_start=1538
-  _globals['_PAUSEFLOWREQUEST']._serialized_end=1570
-  _globals['_PAUSEFLOWRESPONSE']._serialized_start=1572
-  _globals['_PAUSEFLOWRESPONSE']._serialized_end=1624
-  _globals['_RESUMEFLOWREQUEST']._serialized_start=1626
-  _globals['_RESUMEFLOWREQUEST']._serialized_end=1659
-  _globals['_RESUMEFLOWRESPONSE']._serialized_start=1661
-  _globals['_RESUMEFLOWRESPONSE']._serialized_end=1714
-  _globals['_FLOWSERVICE']._serialized_start=2055
-  _globals['_FLOWSERVICE']._serialized_end=2606
+  _globals['_FLOW']._serialized_end=1168
+  _globals['_CREATEFLOWREQUEST']._serialized_start=1170
+  _globals['_CREATEFLOWREQUEST']._serialized_end=1222
+  _globals['_CREATEFLOWRESPONSE']._serialized_start=1224
+  _globals['_CREATEFLOWRESPONSE']._serialized_end=1277
+  _globals['_GETFLOWREQUEST']._serialized_start=1279
+  _globals['_GETFLOWREQUEST']._serialized_end=1309
+  _globals['_GETFLOWRESPONSE']._serialized_start=1311
+  _globals['_GETFLOWRESPONSE']._serialized_end=1361
+  _globals['_LISTFLOWSREQUEST']._serialized_start=1363
+  _globals['_LISTFLOWSREQUEST']._serialized_end=1381
+  _globals['_LISTFLOWSRESPONSE']._serialized_start=1383
+  _globals['_LISTFLOWSRESPONSE']._serialized_end=1436
+  _globals['_UPDATEFLOWREQUEST']._serialized_start=1438
+  _globals['_UPDATEFLOWREQUEST']._serialized_end=1553
+  _globals['_UPDATEFLOWRESPONSE']._serialized_start=1555
+  _globals['_UPDATEFLOWRESPONSE']._serialized_end=1608
+  _globals['_DELETEFLOWREQUEST']._serialized_start=1610
+  _globals['_DELETEFLOWREQUEST']._serialized_end=1657
+  _globals['_DELETEFLOWRESPONSE']._serialized_start=1659
+  _globals['_DELETEFLOWRESPONSE']._serialized_end=1679
+  _globals['_PAUSEFLOWREQUEST']._serialized_start=1681
+  _globals['_PAUSEFLOWREQUEST']._serialized_end=1713
+  _globals['_PAUSEFLOWRESPONSE']._serialized_start=1715
+  _globals['_PAUSEFLOWRESPONSE']._serialized_end=1767
+  _globals['_RESUMEFLOWREQUEST']._serialized_start=1769
+  _globals['_RESUMEFLOWREQUEST']._serialized_end=1802
+  _globals['_RESUMEFLOWRESPONSE']._serialized_start=1804
+  _globals['_RESUMEFLOWRESPONSE']._serialized_end=1857
+  _globals['_FLOWSERVICE']._serialized_start=2198
+  _globals['_FLOWSERVICE']._serialized_end=2749
 # @@protoc_insertion_point(module_scope)

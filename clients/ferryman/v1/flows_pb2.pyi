@@ -171,6 +171,11 @@ class Flow(_message.Message):
     START_POSITION_FIELD_NUMBER: _builtins.int
     EMIT_OFFSET_MAPPINGS_FIELD_NUMBER: _builtins.int
     ON_TOPIC_RECREATED_FIELD_NUMBER: _builtins.int
+    SYNC_GROUP_OFFSETS_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    GROUPS_EXCLUDE_FIELD_NUMBER: _builtins.int
+    NO_DEFAULT_GROUPS_EXCLUDE_FIELD_NUMBER: _builtins.int
+    SYNC_GROUP_OFFSETS_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     ETAG_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
@@ -205,6 +210,15 @@ class Flow(_message.Message):
     """Write the source-to-destination offset map; default true."""
     on_topic_recreated: Global___TopicRecreatedAction.ValueType
     """What happens when a source topic is deleted and re-created."""
+    sync_group_offsets: _builtins.bool
+    """Commit source consumer groups' translated offsets at the destination,
+    for groups with no members there (MirrorMaker 2's
+    sync.group.offsets.enabled); default false.
+    """
+    no_default_groups_exclude: _builtins.bool
+    """True: groups_exclude is empty on purpose (no default excludes)."""
+    sync_group_offsets_interval_ms: _builtins.int
+    """How often group offsets are synced, in milliseconds; 0: 60 s."""
     etag: _builtins.str
     """Opaque version tag, changed by every write; output only. Send it back in
     UpdateFlowRequest for optimistic concurrency.
@@ -229,6 +243,16 @@ class Flow(_message.Message):
     def topic_configs_exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Regexes (full match) of source topic configs not copied to created topics,
         in addition to the broker-specific ones always left out.
+        """
+
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Regexes (full match) of consumer groups whose offsets are synced; default [".*"]."""
+
+    @_builtins.property
+    def groups_exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Regexes (full match) of consumer groups never synced; when unset
+        `console-consumer-.*`, `connect-.*` and `__.*`.
         """
 
     @_builtins.property
@@ -260,6 +284,11 @@ class Flow(_message.Message):
         start_position: Global___StartPosition.ValueType = ...,
         emit_offset_mappings: _builtins.bool | None = ...,
         on_topic_recreated: Global___TopicRecreatedAction.ValueType = ...,
+        sync_group_offsets: _builtins.bool = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        groups_exclude: _abc.Iterable[_builtins.str] | None = ...,
+        no_default_groups_exclude: _builtins.bool = ...,
+        sync_group_offsets_interval_ms: _builtins.int = ...,
         etag: _builtins.str = ...,
         version: _builtins.int = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
@@ -267,7 +296,7 @@ class Flow(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_emit_offset_mappings", b"_emit_offset_mappings", "_exactly_once", b"_exactly_once", "_replicate_topic_configs", b"_replicate_topic_configs", "create_time", b"create_time", "emit_offset_mappings", b"emit_offset_mappings", "exactly_once", b"exactly_once", "naming", b"naming", "replicate_topic_configs", b"replicate_topic_configs", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_emit_offset_mappings", b"_emit_offset_mappings", "_exactly_once", b"_exactly_once", "_replicate_topic_configs", b"_replicate_topic_configs", "create_time", b"create_time", "emit_offset_mappings", b"emit_offset_mappings", "etag", b"etag", "exactly_once", b"exactly_once", "name", b"name", "naming", b"naming", "no_default_excludes", b"no_default_excludes", "on_topic_recreated", b"on_topic_recreated", "paused", b"paused", "replicate_topic_configs", b"replicate_topic_configs", "replication_factor", b"replication_factor", "source_alias", b"source_alias", "staging_partitions", b"staging_partitions", "staging_topic", b"staging_topic", "start_position", b"start_position", "target_alias", b"target_alias", "topic_configs_exclude", b"topic_configs_exclude", "topic_refresh_interval_ms", b"topic_refresh_interval_ms", "topics", b"topics", "topics_exclude", b"topics_exclude", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_emit_offset_mappings", b"_emit_offset_mappings", "_exactly_once", b"_exactly_once", "_replicate_topic_configs", b"_replicate_topic_configs", "create_time", b"create_time", "emit_offset_mappings", b"emit_offset_mappings", "etag", b"etag", "exactly_once", b"exactly_once", "groups", b"groups", "groups_exclude", b"groups_exclude", "name", b"name", "naming", b"naming", "no_default_excludes", b"no_default_excludes", "no_default_groups_exclude", b"no_default_groups_exclude", "on_topic_recreated", b"on_topic_recreated", "paused", b"paused", "replicate_topic_configs", b"replicate_topic_configs", "replication_factor", b"replication_factor", "source_alias", b"source_alias", "staging_partitions", b"staging_partitions", "staging_topic", b"staging_topic", "start_position", b"start_position", "sync_group_offsets", b"sync_group_offsets", "sync_group_offsets_interval_ms", b"sync_group_offsets_interval_ms", "target_alias", b"target_alias", "topic_configs_exclude", b"topic_configs_exclude", "topic_refresh_interval_ms", b"topic_refresh_interval_ms", "topics", b"topics", "topics_exclude", b"topics_exclude", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__emit_offset_mappings: _TypeAlias = _typing.Literal["emit_offset_mappings"]  # noqa: Y015
     _WhichOneofArgType__emit_offset_mappings: _TypeAlias = _typing.Literal["_emit_offset_mappings", b"_emit_offset_mappings"]  # noqa: Y015

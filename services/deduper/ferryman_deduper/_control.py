@@ -77,6 +77,8 @@ class ControlHub:
         self._owner: dict[PartitionKey, str] = {}
         self._paused: tuple[bool, str] = (False, "")
         self._ended = threading.Event()
+        #: Takes the wrappers' group checkpoints (set by the deduper; None: they are dropped).
+        self.on_group_checkpoints: Callable[[control_pb2.GroupCheckpoints], None] | None = None
 
     # ---------------------------------------------------------- sessions
     def end_streams(self) -> None:
@@ -238,6 +240,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                         self._hub.specs.put(spec)
                 elif kind == "progress":
                     self._hub.on_progress(req.progress, session.wrapper_id)
+                elif kind == "group_checkpoints":
+                    if self._hub.on_group_checkpoints is not None:
+                        self._hub.on_group_checkpoints(req.group_checkpoints)
                 elif kind == "resend_data":
                     d = req.resend_data
                     self._hub.resent.put(

@@ -62,6 +62,7 @@ from ferryman_deduper._flow_topics import ADMIN_TIMEOUT_S, FlowTopics
 from ferryman_deduper._flows import SERVICE_NAME as FLOW_SERVICE_NAME
 from ferryman_deduper._flows import FlowServicer
 from ferryman_deduper._gaps import GapTracker
+from ferryman_deduper._group_sync import GroupSync
 from ferryman_deduper._holds import RETRY_MAX_S
 from ferryman_deduper._partitions import StagingPartitions, staging_offsets_metadata
 from ferryman_deduper._quarantine import Quarantine
@@ -150,6 +151,7 @@ class Deduper:
         self._hub: ControlHub | None = None
         self._control: ControlTicker | None = None
         self._verdicts: VerdictFollower | None = None
+        self._group_sync: GroupSync | None = None
         self._last_commit_s = 0.0
         #: A failed step waiting to be recovered (the loop retries it with backoff).
         self._recovery: tuple[BaseException, str] | None = None
@@ -396,6 +398,15 @@ class Deduper:
         # The last audit verdicts, for status() and the metrics: a thread of its own, off the loop.
         self._verdicts = VerdictFollower(self._client_conf("audit-verdicts"), self._names.audit_topic)
         self._verdicts.start()
+        # Group checkpoints from the wrappers, committed at the destination: a thread of its own, off the loop.
+        self._group_sync = GroupSync(
+            translator=self._group_translator,
+            consumer_config=lambda: self._client_conf("group-sync"),
+            owned=lambda: set(self._parts.owned),
+            staging_partitions=self._flow.staging_partitions,
+        )
+        self._group_sync.start()
+        self._hub.on_group_checkpoints = self._take_checkpoints
         self._server.set_serving(FLOW_SERVICE_NAME, True)
         self._live.start()
         advertiser = Advertiser(
@@ -415,10 +426,18 @@ class Deduper:
             advertiser.stop()  # first: wrappers stop dialling a deduper on its way out
             if self._verdicts is not None:
                 self._verdicts.stop()
+            self._hub.on_group_checkpoints = None
+            if self._group_sync is not None:
+                self._group_sync.stop()
             self._live.stop()
             self._server.begin_drain()
             self._hub.end_streams()
             self._close()
+
+    def _take_checkpoints(self, checkpoints: control_pb2.GroupCheckpoints) -> None:
+        """A wrapper's group checkpoints (a control stream's thread): synced while the flow asks for it."""
+        if self._flow.sync_group_offsets and self._group_sync is not None:
+            self._group_sync.submit(checkpoints)
 
     def _set_serving(self, serving: bool) -> None:
         for name in _SERVICE_NAMES:
@@ -839,6 +858,7 @@ class Deduper:
             assigned_staging_partitions=sorted(set(self._parts.owned)),
             audit_verdicts=[v for v in verdicts if (v.topic, v.partition) in owned],
             held_staging_partitions=holds,
+            group_offset_syncs=dict(self._group_sync.outcomes) if self._group_sync is not None else {},
             **txn_fields,
         )
 

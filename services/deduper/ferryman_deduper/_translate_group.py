@@ -158,6 +158,16 @@ class GroupTranslator:
         commit_group_offsets(self._consumer_config(), request.group, commits, _left(deadline))
         return control_pb2.CommitGroupOffsetsResponse(group=request.group, offsets=rows)
 
+    def positions(
+        self, group: str, source_offsets: Sequence[control_pb2.GroupOffset], budget_s: float
+    ) -> tuple[list[control_pb2.TranslatedGroupOffset], dict[tuple[str, int], int]]:
+        """One row per source offset, and the destination offset of each partition replicated (to commit).
+
+        Raises:
+            As translate.
+        """
+        return self._translate(group, source_offsets, _deadline(budget_s))
+
     def _translate(
         self, group: str, source_offsets: Sequence[control_pb2.GroupOffset], deadline: float
     ) -> tuple[list[control_pb2.TranslatedGroupOffset], dict[tuple[str, int], int]]:

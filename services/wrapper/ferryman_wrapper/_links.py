@@ -154,9 +154,16 @@ class DeduperLinks:
         )
 
     def _send_specs(self, specs: list[state_pb2.TopicSpec]) -> None:
-        msg = control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=specs))
-        for link in self.links:
+        self.broadcast(control_pb2.ConnectRequest(topic_specs=control_pb2.TopicSpecs(specs=specs)))
+
+    def broadcast(self, msg: control_pb2.ConnectRequest) -> None:
+        """Send msg on every link (any thread; a link that is down drops it)."""
+        for link in list(self.links):
             link.send(msg)
+
+    def assigned(self) -> set[tuple[str, int]]:
+        """The source partitions of the last progress report (any thread): those this wrapper reads."""
+        return {(p.topic, p.partition) for p in self.progress_snapshot}
 
     def _on_backpressure(self, paused: bool, reason: str) -> None:
         self.pause_wanted = (paused, reason)
@@ -209,6 +216,4 @@ class DeduperLinks:
     def send_progress(self) -> None:
         """Send every link the progress of each assigned partition (loop thread)."""
         self.progress_snapshot = self._progress()
-        msg = control_pb2.ConnectRequest(progress=control_pb2.Progress(partitions=self.progress_snapshot))
-        for link in self.links:
-            link.send(msg)
+        self.broadcast(control_pb2.ConnectRequest(progress=control_pb2.Progress(partitions=self.progress_snapshot)))

@@ -57,6 +57,7 @@ from ferryman.tracing import start_tracing
 from ferryman.v1 import control_pb2, control_pb2_grpc
 
 from ferryman_wrapper._assignment import SourcePartitions
+from ferryman_wrapper._checkpoints import GroupCheckpointer
 from ferryman_wrapper._clients import LoopClients, StepRecovery
 from ferryman_wrapper._commits import SourceCommits
 from ferryman_wrapper._datapath import DataPath
@@ -316,6 +317,15 @@ class Wrapper:
         )
         self._clients.start_consumer()
         self._dedupers.start()
+        self._checkpoints = GroupCheckpointer(
+            admin=source_admin,
+            consumer_config=lambda: base_config(self._source, f"{self.wrapper_id}-checkpoints"),
+            flow=lambda: self._flow,
+            wrapper_group=self._names.wrapper_group,
+            assigned=self._dedupers.assigned,
+            send=self._dedupers.broadcast,
+        )
+        self._checkpoints.start()
         _log.info(
             "wrapper %s starting: flow %s, source cluster %s, staging %s, envelope codec %s, checksum %s",
             self.wrapper_id,
@@ -492,6 +502,7 @@ class Wrapper:
                     deadline_s=_CLOSE_DEADLINE_S,
                 )
             self._commits.shutdown()
+            self._checkpoints.stop()
             self._dedupers.stop()
         _log.info(
             "wrapper %s stopped: %d records in %d envelopes, %d rewinds",
