@@ -18,6 +18,8 @@ import threading
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from ferryman.renewing_admin import suspect_client
+
 _log = logging.getLogger(__name__)
 
 #: How long an admin request may wait before its client's metadata is refreshed (a healthy one takes ms).
@@ -49,6 +51,7 @@ def refresh(admin: AdminClient, timeout_s: float = REFRESH_TIMEOUT_S) -> bool:
             _log.debug("admin metadata refreshed: the controller is node %d", controller)
         except KafkaException as exc:
             _log.debug("admin metadata not refreshed: %s", exc)
+            suspect_client(admin)  # the cluster away, or this client stuck: a client that renews checks itself
         finally:
             with _lock:
                 _refreshing.discard(key)

@@ -9,12 +9,15 @@ that one client, so the flow never recovered. librdkafka has no call that resets
 the workaround its users report is a new client.
 
 How: callers take `RenewingAdmin.client` for each use and call `suspect()` when a call failed on a
-transient fault. A check then runs on a daemon thread, at most once per ``check_interval_s``: the client is
-asked for metadata; if it answers, nothing changes (the cluster had been away, or the failure was something
-else). If it does not, a candidate (made once and kept across checks) is asked; if that one answers it
-becomes the client, and the old one is parked, never destroyed (a destroy may not return, see
-`ferryman.watchdog.park`). While neither answers the cluster is away: both are kept, and the next failure
-checks again.
+transient fault; a failed metadata refresh of a held client (`ferryman.controller`, which every admin
+request waiting past its controller wait sets off) suspects it too, through `suspect_client()`. A check
+then runs on a daemon thread, at most once per ``check_interval_s``: the client is asked for metadata; if
+it answers, nothing changes (the cluster had been away, or the failure was something else). If it does
+not, a candidate (made once and kept across checks) is asked; if that one answers and the client still
+gets no answer within librdkafka's longest reconnect backoff (a client right after an outage may only be
+waiting to reconnect: a chaos run replaced one at nearly every source broker restart before this), the
+candidate becomes the client, and the old one is parked, never destroyed (a destroy may not return, see
+`ferryman.watchdog.park`). While neither answers the cluster is away: both are kept, and the next failure checks again.
 """
 
 from __future__ import annotations
@@ -31,11 +34,19 @@ from ferryman.watchdog import park
 
 _log = logging.getLogger(__name__)
 
+#: Each held client's holder, by the client's id (clients replaced are parked, so no id is reused).
+_HOLDERS: dict[int, RenewingAdmin] = {}
+_HOLDERS_LOCK = threading.Lock()
+
 #: Shortest time between two checks.
 CHECK_INTERVAL_S = 30.0
 
 #: How long a check waits for each client's metadata.
 PROBE_TIMEOUT_S = 5.0
+
+#: How long the client gets to answer once a new one has: past librdkafka's longest reconnect backoff
+#: (``reconnect.backoff.max.ms``, 10 s), so a client merely waiting to reconnect after an outage answers.
+CONFIRM_TIMEOUT_S = 15.0
 
 
 def answers(client: AdminClient, timeout_s: float) -> bool:
@@ -44,6 +55,14 @@ def answers(client: AdminClient, timeout_s: float) -> bool:
         return bool(client.list_topics(timeout=timeout_s).brokers)
     except KafkaException:
         return False
+
+
+def suspect_client(client: AdminClient) -> None:
+    """A call on client failed on a transient fault: if a `RenewingAdmin` holds it, that holder checks it."""
+    with _HOLDERS_LOCK:
+        holder = _HOLDERS.get(id(client))
+    if holder is not None:
+        holder.suspect()
 
 
 class RenewingAdmin:
@@ -56,6 +75,7 @@ class RenewingAdmin:
         what: str,
         check_interval_s: float = CHECK_INTERVAL_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
     ) -> None:
         """Make the first client now.
 
@@ -64,12 +84,15 @@ class RenewingAdmin:
             what: The client's name in log lines (e.g. "the source admin client").
             check_interval_s: Shortest time between two checks.
             probe_timeout_s: How long a check waits for each client's metadata.
+            confirm_timeout_s: How long the client gets to answer once a new one has.
         """
         self._make = make
         self._what = what
         self._interval_s = check_interval_s
         self._probe_s = probe_timeout_s
+        self._confirm_s = confirm_timeout_s
         self._client = make()
+        _hold(self._client, self)
         self._candidate: AdminClient | None = None
         self._lock = threading.Lock()
         self._checking = False
@@ -100,7 +123,13 @@ class RenewingAdmin:
         if not answers(self._candidate, self._probe_s):
             _log.info("%s and a new one both get no answer: the cluster is away; waiting it out", self._what)
             return False
+        # Right after an outage the client may only be waiting out its reconnect backoff: give it that long.
+        if answers(self._client, self._confirm_s):
+            return False
         old, self._client, self._candidate = self._client, self._candidate, None
+        _hold(self._client, self)
+        with _HOLDERS_LOCK:
+            _HOLDERS.pop(id(old), None)
         park(old)
         self.renewals += 1
         _log.warning("replaced %s: it got no answer while a new one to the same cluster did", self._what)
@@ -114,3 +143,8 @@ class RenewingAdmin:
         finally:
             with self._lock:
                 self._checking = False
+
+
+def _hold(client: AdminClient, holder: RenewingAdmin) -> None:
+    with _HOLDERS_LOCK:
+        _HOLDERS[id(client)] = holder

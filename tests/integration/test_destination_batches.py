@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 from ferryman.config import DeduperConfig, FlowConfig, NamingConfig
 from ferryman.naming import NamingPolicy
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.topics import committed_ranges, describe_topics
 from ferryman.v1 import envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub, ControlTicker
@@ -77,7 +78,7 @@ def deduper(destination_cluster: KafkaCluster) -> Iterator[_Deduper]:
     bootstrap = destination_cluster.bootstrap_servers
     counted = _CountedAdmin(bootstrap)
     topics = DestinationTopics(
-        admin=counted.admin,
+        admin=RenewingAdmin(lambda: counted.admin, what="the test's admin client"),
         consumer_config={"bootstrap.servers": bootstrap},
         specs_topic="unused",  # the specs come over the (in-process) link
         naming=NamingPolicy("src", NamingConfig()),
@@ -228,7 +229,7 @@ def test_a_peers_commit_between_the_two_looks_does_not_make_the_flows_records_fo
         return set()
 
     topics = DestinationTopics(
-        admin=AdminClient({"bootstrap.servers": bootstrap}),
+        admin=RenewingAdmin(lambda: AdminClient({"bootstrap.servers": bootstrap}), what="the test's admin client"),
         consumer_config={"bootstrap.servers": bootstrap},
         specs_topic="unused",
         naming=NamingPolicy("src", NamingConfig()),

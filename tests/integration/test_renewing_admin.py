@@ -28,7 +28,9 @@ def _maker(bootstraps: list[str]) -> tuple[list[str], RenewingAdmin]:
         made.append(bootstraps[min(len(made), len(bootstraps) - 1)])
         return AdminClient({"bootstrap.servers": made[-1], "allow.auto.create.topics": False})
 
-    return made, RenewingAdmin(make, what="the test's admin client", check_interval_s=0.0, probe_timeout_s=2.0)
+    return made, RenewingAdmin(
+        make, what="the test's admin client", check_interval_s=0.0, probe_timeout_s=2.0, confirm_timeout_s=2.0
+    )
 
 
 def test_a_client_that_alone_gets_no_answer_is_replaced_and_one_that_answers_is_kept(

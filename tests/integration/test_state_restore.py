@@ -25,6 +25,7 @@ from ferryman.config import ClusterConfig, FlowConfig
 from ferryman.errors import KafkaOperationError
 from ferryman.health import ClusterHealth
 from ferryman.naming import FlowNames
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.state import COMPACTED_TOPIC_CONFIGS, PartitionKey, read_compacted
 from ferryman.v1 import state_pb2
 from ferryman_deduper._flow_topics import FlowTopics
@@ -336,7 +337,7 @@ def test_a_restore_from_a_state_topic_made_again_under_the_deduper_is_refused_an
     admin = AdminClient({"bootstrap.servers": bootstrap})
     flow_topics = FlowTopics(names, flow, staging_max_message_bytes=1 << 20, startup_timeout_s=30)
     flow_topics.ensure(admin)
-    flow_topics.read_ids(admin)
+    flow_topics.read_ids(RenewingAdmin(lambda: admin, what="the test's admin client"))
 
     def check_state() -> None:  # as the deduper's `_check_state_topic`
         if not flow_topics.state_is_original():

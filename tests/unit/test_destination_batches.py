@@ -13,16 +13,17 @@ from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from ferryman import topics
 from ferryman.config import DeduperConfig, FlowConfig, NamingConfig
 from ferryman.errors import KafkaOperationError
 from ferryman.kafka_errors import is_transient
 from ferryman.naming import NamingPolicy
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.v1 import envelope_pb2, state_pb2
 from ferryman_deduper._control import ControlHub, ControlTicker
 from ferryman_deduper._destinations import DestinationTopicError, DestinationTopics
@@ -141,7 +142,7 @@ def _destinations(
         return set(names) & set(wrote)
 
     dest = DestinationTopics(
-        admin=admin,  # type: ignore[arg-type]
+        admin=RenewingAdmin(lambda: cast(AdminClient, admin), what="the test's admin client"),
         consumer_config={},
         specs_topic="ferryman.f.specs.internal",
         naming=NamingPolicy("src", NamingConfig()),

@@ -11,15 +11,16 @@ from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
-from ferryman.renewing_admin import RenewingAdmin
+from ferryman import controller
+from ferryman.renewing_admin import RenewingAdmin, suspect_client
 from ferryman.watchdog import _PARKED
 
 
 @dataclass
 class _Client:
-    """Answers metadata (one broker) or fails it; may hold each probe until released."""
+    """Answers metadata (one broker) or fails it, probe after probe (the last answer repeats); may hold each."""
 
-    answering: bool
+    answering: list[bool]
     hold: threading.Event | None = None
     probes: list[float] = field(default_factory=list)
 
@@ -27,7 +28,7 @@ class _Client:
         self.probes.append(timeout)
         if self.hold is not None:
             assert self.hold.wait(10)
-        if not self.answering:
+        if not self.answering[min(len(self.probes), len(self.answering)) - 1]:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT))
         return SimpleNamespace(brokers={1: object()})
 
@@ -45,15 +46,24 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 
 def test_a_stuck_client_is_replaced_by_an_answering_candidate_and_parked() -> None:
-    stuck, fresh = _Client(answering=False), _Client(answering=True)
+    stuck, fresh = _Client(answering=[False]), _Client(answering=[True])
     admin = _holder([stuck, fresh])
     assert admin.check() is True
     assert admin.client is cast(AdminClient, fresh) and admin.renewals == 1
     assert any(p is stuck for p in _PARKED)  # never destroyed: a destroy may not return
 
 
+def test_a_client_that_answers_within_its_reconnect_backoff_is_kept() -> None:
+    """Right after an outage a client may only wait to reconnect: the candidate answering first is not enough."""
+    reconnecting, fresh = _Client(answering=[False, True]), _Client(answering=[True])
+    admin = _holder([reconnecting, fresh])
+    assert admin.check() is False
+    assert admin.client is cast(AdminClient, reconnecting) and admin.renewals == 0
+    assert reconnecting.probes == [5.0, 15.0]  # asked again with librdkafka's longest backoff and a margin
+
+
 def test_a_client_that_answers_is_kept_and_no_candidate_is_made() -> None:
-    answering = _Client(answering=True)
+    answering = _Client(answering=[True])
     admin = _holder([answering])  # a second make() would fail: the queue is empty
     assert admin.check() is False
     assert admin.client is cast(AdminClient, answering)
@@ -61,7 +71,7 @@ def test_a_client_that_answers_is_kept_and_no_candidate_is_made() -> None:
 
 def test_suspicions_start_one_check_at_a_time_and_at_most_once_per_interval() -> None:
     release = threading.Event()
-    held = _Client(answering=True, hold=release)
+    held = _Client(answering=[True], hold=release)
     admin = _holder([held], interval_s=60.0)
     admin.suspect()
     _wait_for(lambda: len(held.probes) == 1)
@@ -74,3 +84,13 @@ def test_suspicions_start_one_check_at_a_time_and_at_most_once_per_interval() ->
     admin._next_check = 0.0  # the interval has passed
     admin.suspect()
     _wait_for(lambda: len(held.probes) == 2)
+
+
+def test_a_failed_controller_refresh_of_a_held_client_has_it_checked_and_replaced() -> None:
+    """Every admin request that waits past its controller wait refreshes its client: a failure suspects it."""
+    stuck, fresh = _Client(answering=[False]), _Client(answering=[True])
+    admin = _holder([stuck, fresh])
+    assert controller.refresh(cast(AdminClient, stuck), timeout_s=0.1)
+    _wait_for(lambda: admin.client is cast(AdminClient, fresh))
+    assert admin.renewals == 1
+    suspect_client(cast(AdminClient, object()))  # a client no holder holds: nothing to check

@@ -47,6 +47,7 @@ from ferryman.health import ClusterHealth, StuckRecovery, wait_until_reachable
 from ferryman.kafka_errors import is_transient, wait_out_transient
 from ferryman.metrics import LATENCY_COUNT, deduper_metrics
 from ferryman.naming import FlowNames, NamingPolicy
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.rpc import serving
 from ferryman.state import PartitionKey, read_compacted
 from ferryman.status import package_version
@@ -320,7 +321,9 @@ class Deduper:
 
     def _run_kafka(self) -> None:
         assert self._hub is not None
-        admin = AdminClient(self._client_conf("admin"))
+        admin_conf = self._client_conf("admin")
+        renewing = RenewingAdmin(lambda: AdminClient(admin_conf), what="the destination admin client")
+        admin = renewing.client  # start-up's steps; the loop's users take renewing.client at each use
         wait_until_reachable(admin, self._flow.target, self._target, self._dc.startup_timeout_s)
         # A broker restart or a slow destination right after it first answered is waited out, not an exit.
         step = partial(wait_out_transient, budget_s=self._dc.startup_timeout_s, setting="deduper.startup_timeout_s")
@@ -335,7 +338,7 @@ class Deduper:
             lambda: self._topics.ensure(admin),
             what="making the internal topics",
         )
-        step(lambda: self._topics.read_ids(admin), what="describing the staging and state topics")
+        step(lambda: self._topics.read_ids(renewing), what="describing the staging and state topics")
         # The store wins over the file (ferryman.flows._live); the deduper seeds it with the file's flow.
         flow = self._flow
         self._flow = step(
@@ -345,7 +348,7 @@ class Deduper:
         self._flow_stored = True
         self._live = LiveFlow(self._target, self._flow, client_id=self._client_id("flows"))
         self._destinations = DestinationTopics(
-            admin=admin,
+            admin=renewing,
             consumer_config=self._client_conf("specs"),
             specs_topic=self._names.specs_topic,
             naming=NamingPolicy(self._flow.source, self._flow.naming),

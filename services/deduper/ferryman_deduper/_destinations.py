@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from ferryman import topics
 from ferryman.config import FlowConfig
 from ferryman.errors import ConfigError, FerrymanError, KafkaOperationError
 from ferryman.naming import NamingPolicy
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.state import read_compacted
 from ferryman.v1 import envelope_pb2, state_pb2
 
@@ -87,7 +88,7 @@ class DestinationTopics:
     def __init__(
         self,
         *,
-        admin: AdminClient,
+        admin: RenewingAdmin,
         consumer_config: dict[str, Any],
         specs_topic: str,
         naming: NamingPolicy,
@@ -258,7 +259,7 @@ class DestinationTopics:
         partitions: dict[str, int] = {}
         for want in wants:
             partitions[want.name] = max(partitions.get(want.name, 0), want.partitions)
-        existing = topics.describe_topics(self._admin, partitions, self._timeout_s)
+        existing = topics.describe_topics(self._admin.client, partitions, self._timeout_s)
         first_sight = [w for w in wants if w.name in existing and w.ident not in self._ready]
         self._check_existing([(w.name, existing[w.name].partitions, w.spec) for w in first_sight])
         missing: dict[str, _Want] = {}
@@ -269,12 +270,12 @@ class DestinationTopics:
         self._say_vanished([w for w in wants if w.name in self._vanished], missing.keys(), existing)
         if missing:
             topics.create_topics(
-                self._admin,
+                self._admin.client,
                 [self._new_topic(w.name, partitions[w.name], w.spec) for w in missing.values()],
                 min(self._timeout_s, REQUEST_TIMEOUT_S),
             )
             # Created by another deduper of the flow first (already there): taken as it is, as ours.
-            found = topics.await_topics(self._admin, dict.fromkeys(missing, 1), self._timeout_s)
+            found = topics.await_topics(self._admin.client, dict.fromkeys(missing, 1), self._timeout_s)
             # Transient: a broker creates every partition's log before it describes the topic (over 30 s
             # for 256 partitions on a loaded machine here). The next resolve or sync finds the topic,
             # empty, and takes it.
@@ -282,9 +283,9 @@ class DestinationTopics:
             existing.update(found)
         grow = {name: n for name, n in partitions.items() if name in existing and existing[name].partitions < n}
         if grow:
-            topics.grow_topics(self._admin, grow, min(self._timeout_s, REQUEST_TIMEOUT_S))
+            topics.grow_topics(self._admin.client, grow, min(self._timeout_s, REQUEST_TIMEOUT_S))
             # What did not show here does not show in the producer's metadata below either: reported there.
-            topics.await_topics(self._admin, grow, self._timeout_s)
+            topics.await_topics(self._admin.client, grow, self._timeout_s)
         final = {name: max(n, existing[name].partitions) for name, n in partitions.items() if name in existing}
         shown = self._await_metadata(final)
         ready: dict[_Ident, _Ready] = {}
@@ -396,7 +397,7 @@ class DestinationTopics:
         if not found:
             return
         ranges = topics.committed_ranges(
-            self._admin, {name: partitions for name, partitions, _ in found}, self._timeout_s
+            self._admin.client, {name: partitions for name, partitions, _ in found}, self._timeout_s
         )
         ours = self._flow_wrote({name for name, _, _ in found})  # grown by the caller if the source grew since
         source_of = {name: spec.topic for name, _, spec in found if name not in ours}

@@ -25,6 +25,7 @@ from ferryman.advertisement import dedupers_topic
 from ferryman.config import FlowConfig
 from ferryman.errors import FerrymanError
 from ferryman.naming import FlowNames
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.state import COMPACTED_TOPIC_CONFIGS
 from ferryman.topics import InternalTopic
 
@@ -56,7 +57,7 @@ class FlowTopics:
         self._flow = flow
         self._staging_max_message_bytes = staging_max_message_bytes
         self._startup_timeout_s = startup_timeout_s
-        self._admin: AdminClient | None = None
+        self._admin: RenewingAdmin | None = None
         self._watch: TopicWatch | None = None
         self._staging_id: bytes | None = None
         self._state_id: bytes | None = None
@@ -94,10 +95,10 @@ class FlowTopics:
         """The id of the staging topic read now (None before ``read_ids``)."""
         return self._staging_id
 
-    def read_ids(self, admin: AdminClient) -> None:
+    def read_ids(self, admin: RenewingAdmin) -> None:
         """Start-up, once the topics are there: the ids of the staging and state topics this deduper reads."""
         staging, state = self._names.staging_topic, self._names.state_topic
-        ids = topics.describe_topics(admin, [staging, state], ADMIN_TIMEOUT_S)
+        ids = topics.describe_topics(admin.client, [staging, state], ADMIN_TIMEOUT_S)
         self._staging_id, self._state_id = ids[staging].topic_id, ids[state].topic_id
         self._admin = admin
         self._watch = TopicWatch(admin)
@@ -147,7 +148,7 @@ class FlowTopics:
         if self._admin is None:  # start-up: the ids are read after the topics are made
             return True
         state = self._names.state_topic
-        found = topics.describe_topics(self._admin, [state], ADMIN_TIMEOUT_S)
+        found = topics.describe_topics(self._admin.client, [state], ADMIN_TIMEOUT_S)
         self._follow_state({state: found.get(state)})
         return not self.state_lost
 
@@ -200,7 +201,7 @@ class FlowTopics:
         wanted = [t for t in self.internal() if t.name in deleted]
         try:
             made = topics.ensure_internal_topics(
-                self._admin, wanted, ADMIN_TIMEOUT_S, visible_budget_s=self._startup_timeout_s
+                self._admin.client, wanted, ADMIN_TIMEOUT_S, visible_budget_s=self._startup_timeout_s
             )
         except (KafkaException, FerrymanError) as exc:  # asked again after the next failed transaction
             _log.warning("internal topics %s are gone and could not be made again yet: %s", sorted(deleted), exc)

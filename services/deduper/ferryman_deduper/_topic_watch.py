@@ -17,14 +17,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient
 from ferryman import controller
+from ferryman.renewing_admin import RenewingAdmin
 from ferryman.topics import TopicInfo, uuid_bytes
 
 _log = logging.getLogger(__name__)
 
 #: How long one describe may go unanswered before librdkafka fails it (and the names are asked again).
 REQUEST_TIMEOUT_S = 10.0
+
+#: How long past its request timeout a describe is given up on: the client failed to fail it (a client
+#: stuck with no usable broker, replaced by `RenewingAdmin`); its names are asked again.
+ABANDON_AFTER_TIMEOUT_S = 5.0
 
 #: What a describe found: a topic's info, None for a topic the cluster says does not exist. Topics it
 #: could not answer for (no answer in time, a transport error) are left out: nothing is known of them.
@@ -34,11 +38,12 @@ Found = Mapping[str, TopicInfo | None]
 class TopicWatch:
     """One DescribeTopics in flight at a time; names asked meanwhile go with the next one."""
 
-    def __init__(self, admin: AdminClient, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, admin: RenewingAdmin, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self._admin = admin
         self._timeout_s = request_timeout_s
         self._in_flight: dict[str, concurrent.futures.Future[Any]] = {}
         self._waited_at = 0.0
+        self._sent_at = 0.0
         self._wanted: set[str] = set()
 
     def ask(self, names: Iterable[str]) -> None:
@@ -52,8 +57,15 @@ class TopicWatch:
             return {}
         if not all(f.done() for f in self._in_flight.values()):
             now = time.monotonic()
+            if now - self._sent_at >= self._timeout_s + ABANDON_AFTER_TIMEOUT_S:
+                _log.info("describe topics %s unanswered past its timeout: asked again", sorted(self._in_flight))
+                self._wanted.update(self._in_flight)
+                self._in_flight = {}
+                self._admin.suspect()
+                self._send()
+                return {}
             if now - self._waited_at >= controller.CONTROLLER_WAIT_S:  # its controller may be gone
-                controller.refresh(self._admin)
+                controller.refresh(self._admin.client)
                 self._waited_at = now
             return {}
         found: dict[str, TopicInfo | None] = {}
@@ -77,7 +89,8 @@ class TopicWatch:
             return
         names, self._wanted = sorted(self._wanted), set()
         try:
-            self._in_flight = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout_s)
-            self._waited_at = time.monotonic()
+            admin = self._admin.client
+            self._in_flight = admin.describe_topics(TopicCollection(names), request_timeout=self._timeout_s)
+            self._waited_at = self._sent_at = time.monotonic()
         except KafkaException as exc:  # refused before it was sent (the client is shutting down)
             _log.debug("describe topics %s not sent: %s", names, exc)

@@ -112,7 +112,7 @@ class Wrapper:
             names=self._names,
             wrapper_id=self.wrapper_id,
             flow=lambda: self._flow,
-            admin=lambda: self._target_admin,
+            admin=lambda: self._target_admin.client,
             cluster_id=lambda: self._cluster_id,
             specs=lambda: self._specs,
             timeout_s=_ADMIN_TIMEOUT_S,
@@ -288,9 +288,10 @@ class Wrapper:
     def _run_kafka(self) -> None:
         source_conf = base_config(self._source, f"{self.wrapper_id}-admin")
         source_admin = RenewingAdmin(lambda: AdminClient(source_conf), what="the source admin client")
-        self._target_admin = AdminClient(base_config(self._target, f"{self.wrapper_id}-admin"))
+        target_conf = base_config(self._target, f"{self.wrapper_id}-admin")
+        self._target_admin = RenewingAdmin(lambda: AdminClient(target_conf), what="the destination admin client")
         wait_until_reachable(source_admin.client, self._flow.source, self._source, self._wc.startup_timeout_s)
-        wait_until_reachable(self._target_admin, self._flow.target, self._target, self._wc.startup_timeout_s)
+        wait_until_reachable(self._target_admin.client, self._flow.target, self._target, self._wc.startup_timeout_s)
         # A broker restart or a slow cluster right after both first answered is waited out, not an exit.
         step = partial(wait_out_transient, budget_s=self._wc.startup_timeout_s, setting="wrapper.startup_timeout_s")
         self._cluster_id = step(
