@@ -8,13 +8,11 @@ for good, while every new client the holder makes reaches the real broker.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from confluent_kafka.admin import AdminClient
 from ferryman.renewing_admin import RenewingAdmin
 
-from tests.helpers.kafka import KafkaCluster
+from tests.helpers.kafka import KafkaCluster, wait_until
 from tests.helpers.tcp_proxy import closed_port
 
 pytestmark = pytest.mark.integration
@@ -40,10 +38,7 @@ def test_a_client_that_alone_gets_no_answer_is_replaced_and_one_that_answers_is_
     made, admin = _maker([dead, source_cluster.bootstrap_servers])
     stuck = admin.client
     admin.suspect()  # a caller's call failed: checked on a thread of its own
-    deadline = time.monotonic() + 30
-    while admin.client is stuck and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert admin.client is not stuck, "the client that gets no answer was not replaced"
+    wait_until(lambda: admin.client is not stuck, 30, message="the client that gets no answer replaced")
     assert admin.renewals == 1
     assert made == [dead, source_cluster.bootstrap_servers]
     assert admin.client.list_topics(timeout=10).brokers  # the new one reaches the cluster

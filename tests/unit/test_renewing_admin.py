@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import cast
@@ -14,6 +13,8 @@ from confluent_kafka.admin import AdminClient
 from ferryman import controller
 from ferryman.renewing_admin import RenewingAdmin, suspect_client
 from ferryman.watchdog import _PARKED
+
+from tests.helpers.kafka import wait_until
 
 
 @dataclass
@@ -36,13 +37,6 @@ class _Client:
 def _holder(clients: list[_Client], interval_s: float = 60.0) -> RenewingAdmin:
     queue = list(clients)
     return RenewingAdmin(lambda: cast(AdminClient, queue.pop(0)), what="test", check_interval_s=interval_s)
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.01)
 
 
 def test_a_stuck_client_is_replaced_by_an_answering_candidate_and_parked() -> None:
@@ -74,16 +68,16 @@ def test_suspicions_start_one_check_at_a_time_and_at_most_once_per_interval() ->
     held = _Client(answering=[True], hold=release)
     admin = _holder([held], interval_s=60.0)
     admin.suspect()
-    _wait_for(lambda: len(held.probes) == 1)
+    wait_until(lambda: len(held.probes) == 1, 10)
     admin.suspect()  # a check is under way: nothing more
     release.set()
-    _wait_for(lambda: not admin._checking)
+    wait_until(lambda: not admin._checking, 10)
     admin.suspect()  # within the interval: nothing more
     time.sleep(0.1)
     assert len(held.probes) == 1
     admin._next_check = 0.0  # the interval has passed
     admin.suspect()
-    _wait_for(lambda: len(held.probes) == 2)
+    wait_until(lambda: len(held.probes) == 2, 10)
 
 
 def test_a_failed_controller_refresh_of_a_held_client_has_it_checked_and_replaced() -> None:
@@ -91,6 +85,6 @@ def test_a_failed_controller_refresh_of_a_held_client_has_it_checked_and_replace
     stuck, fresh = _Client(answering=[False]), _Client(answering=[True])
     admin = _holder([stuck, fresh])
     assert controller.refresh(cast(AdminClient, stuck), timeout_s=0.1)
-    _wait_for(lambda: admin.client is cast(AdminClient, fresh))
+    wait_until(lambda: admin.client is cast(AdminClient, fresh), 10)
     assert admin.renewals == 1
     suspect_client(cast(AdminClient, object()))  # a client no holder holds: nothing to check

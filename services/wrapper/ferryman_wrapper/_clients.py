@@ -34,6 +34,7 @@ from ferryman.kafka_errors import (
     is_membership_fence,
 )
 from ferryman.naming import FlowNames
+from ferryman.renewing_admin import answers
 from ferryman.state import PartitionKey
 from ferryman.watchdog import park
 
@@ -286,11 +287,7 @@ class LoopClients:
         if now >= self._next_orphan_probe:
             self._next_orphan_probe = now + PROBE_INTERVAL_S
             admin = self._specs().source_admin
-            try:
-                brokers = admin.client.list_topics(timeout=PROBE_TIMEOUT_S).brokers
-            except KafkaException:
-                brokers = {}
-            if not brokers:
+            if not answers(admin.client, PROBE_TIMEOUT_S):
                 admin.suspect()  # the source away, or the admin client stuck (then a new one is tried)
                 self._answering_since = None
             elif self._answering_since is None:
